@@ -1,0 +1,3 @@
+"""Headrace: an LLM inference server."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""`headrace` subcommands, one module each."""

@@ -1,0 +1,103 @@
+"""Settings: one frozen dataclass per subsystem, composed into `HeadraceConfig`.
+
+Each field's `metadata["help"]` becomes a CLI flag (`--max-num-seqs` for `max_num_seqs`) via
+`add_config_args`; values are validated on construction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+
+def _f(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str | None = _f(None, "GGUF file or Hugging Face directory (default: Gemma 3 270M)")
+    served_model_name: str | None = _f(None, "name clients use in `model` (default: derived)")
+    dtype: str = _f("auto", "float32 | bfloat16 | float16 | auto (bf16 on CUDA, fp32 on CPU)")
+    device: str = _f("auto", "cpu | cuda | auto")
+    max_model_len: int | None = _f(None, "cap on prompt + output tokens (default: model's)")
+    num_threads: int | None = _f(None, "torch CPU threads (default: torch's choice)")
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"unknown dtype {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"unknown device {self.device!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError("max_model_len must be positive")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = _f(16, "tokens per KV-cache block")
+    kv_cache_memory_gb: float = _f(1.0, "memory for the paged KV cache, GiB")
+    num_kv_blocks: int | None = _f(None, "exact number of KV blocks (overrides the memory budget)")
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError("block_size must be positive")
+        if self.kv_cache_memory_gb <= 0:
+            raise ValueError("kv_cache_memory_gb must be positive")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError("num_kv_blocks must be positive")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = _f(512, "token budget of one model step")
+    max_num_seqs: int = _f(64, "most requests running at once")
+    policy: str = _f("continuous", "continuous | static (for comparison)")
+    static_batch_size: int = _f(16, "static policy: requests per batch")
+    static_wait_ms: float = _f(20.0, "static policy: longest wait to fill a batch, ms")
+    max_preemptions: int = _f(8, "preemptions of one request for priority, at most (anti-thrash)")
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
+        if self.policy not in ("continuous", "static"):
+            raise ValueError(f"unknown scheduler policy {self.policy!r}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = _f("127.0.0.1", "address to bind")
+    port: int = _f(8000, "port to bind")
+    request_timeout_s: float = _f(600.0, "default per-request timeout, seconds")
+    max_body_bytes: int = _f(1_000_000, "largest request body accepted")
+    log_level: str = _f("info", "debug | info | warning | error")
+
+
+C = TypeVar("C")
+
+
+def add_config_args(parser: argparse.ArgumentParser, cls: type[Any]) -> None:
+    """Add one `--flag` per field of the dataclass `cls`."""
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        kind = _field_type(f)
+        kwargs: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "")}
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = kind
+        parser.add_argument(flag, dest=f.name, **kwargs)
+
+
+def config_from_args(cls: type[C], args: argparse.Namespace) -> C:
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def _field_type(f: dataclasses.Field[Any]) -> type:
+    text = str(f.type)
+    for name, kind in (("bool", bool), ("int", int), ("float", float)):
+        if text.startswith(name):
+            return kind
+    return str

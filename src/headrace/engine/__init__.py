@@ -1,0 +1,1 @@
+"""The engine: scheduler, block manager, model runner and the step loop."""

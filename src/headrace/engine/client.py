@@ -1,0 +1,81 @@
+"""The engine client: all that the HTTP layer and the router know of an engine.
+
+`add` is `generate(...)`: it returns an async iterator of `GenerationChunk`; `abort` ends a
+request; closing or cancelling the iterator (client gone) aborts the request too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from headrace.engine.outputs import StepStats, TokenLogprobs
+from headrace.request import FinishReason, SamplingParams
+
+if TYPE_CHECKING:
+    from headrace.loader.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """New text for one request since the previous chunk (stop strings already cut)."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    error: str | None = None
+    queue_time: float | None = None  # seconds from arrival to first scheduled step
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """Per-request settings beyond sampling, set by the gateway and the API."""
+
+    priority: int = 1  # lower is more urgent
+    tenant: str = "default"
+    weight: float = 1.0
+    timeout_s: float | None = None  # whole request; ends with finish_reason `timeout`
+    queue_timeout_s: float | None = None  # not started by then -> `overloaded`
+
+
+class EngineClient(Protocol):
+    """A model replica (or a router over several) as the front end sees it."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        options: GenerateOptions | None = None,
+    ) -> AsyncIterator[GenerationChunk]:
+        """Start a request; raises ValueError before yielding if it can never fit."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> StepStats:
+        """The latest step statistics (live gauges)."""
+        ...
+
+    @property
+    def is_healthy(self) -> bool: ...
+
+    async def close(self) -> None: ...

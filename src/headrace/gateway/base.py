@@ -1,0 +1,74 @@
+"""What the HTTP layer asks of the gateway: who is calling, may they start, and settle up."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class GatewayError(Exception):
+    """A refusal the HTTP layer turns into a JSON error (401, 429, 503) with headers."""
+
+    def __init__(
+        self,
+        status: int,
+        error_type: str,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+        reason: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type  # authentication_error | rate_limit_error | overloaded_error
+        self.message = message
+        self.headers = dict(headers or {})
+        self.reason = reason or error_type
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str = "default"
+    tier: str = "free"
+    priority: int = 1  # lower is more urgent
+    weight: float = 1.0
+    queue_timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A started request's claim on its tenant's limits; handed back to `release`."""
+
+    tenant: Tenant
+    reserved_tokens: int
+    headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-* for the response
+
+
+class Gateway(Protocol):
+    def authenticate(self, headers: Mapping[str, str]) -> Tenant:
+        """Raises GatewayError(401) for a missing or wrong key."""
+        ...
+
+    def admit(self, tenant: Tenant, prompt_tokens: int, max_tokens: int) -> Admission:
+        """Raises GatewayError(429 or 503) when the tenant is over a limit or the pool is full."""
+        ...
+
+    def release(self, admission: Admission, used_tokens: int) -> None:
+        """The request ended having used `used_tokens` (prompt + completion): refund the rest."""
+        ...
+
+
+class OpenGateway:
+    """No tenants file: everyone is the default tenant, no limits."""
+
+    def __init__(self, tenant: Tenant | None = None) -> None:
+        self.tenant = tenant or Tenant()
+
+    def authenticate(self, headers: Mapping[str, str]) -> Tenant:
+        return self.tenant
+
+    def admit(self, tenant: Tenant, prompt_tokens: int, max_tokens: int) -> Admission:
+        return Admission(tenant=tenant, reserved_tokens=prompt_tokens + max_tokens)
+
+    def release(self, admission: Admission, used_tokens: int) -> None:
+        return None
