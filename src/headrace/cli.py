@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from types import ModuleType
 
 COMMANDS = {
     "generate": "print a continuation of a prompt",
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     return int(_module(args.command).run(args) or 0)
 
 
-def _module(cmd: str):  # type: ignore[no-untyped-def]
+def _module(cmd: str) -> ModuleType:
     return importlib.import_module(f"headrace.commands.{cmd}")
 
 
