@@ -45,16 +45,35 @@ class Admission:
 
 
 class Gateway(Protocol):
+    """Call order for one request: `authenticate` -> `check` (before tokenizing) -> `admit`
+    (prompt counted) -> `started` (first output arrived) -> `release` (always, once admitted)."""
+
     def authenticate(self, headers: Mapping[str, str]) -> Tenant:
         """Raises GatewayError(401) for a missing or wrong key."""
         ...
 
-    def admit(self, tenant: Tenant, prompt_tokens: int, max_tokens: int) -> Admission:
+    def check(self, tenant: Tenant, model: str = "") -> None:
+        """Cheap pre-check before tokenizing: raises GatewayError(429) when the tenant is at
+        its concurrency limit or out of tokens, GatewayError(503) when the queue is full."""
+        ...
+
+    def admit(
+        self, tenant: Tenant, prompt_tokens: int, max_tokens: int, model: str = ""
+    ) -> Admission:
         """Raises GatewayError(429 or 503) when the tenant is over a limit or the pool is full."""
         ...
 
-    def release(self, admission: Admission, used_tokens: int) -> None:
-        """The request ended having used `used_tokens` (prompt + completion): refund the rest."""
+    def started(
+        self, admission: Admission, queue_time_s: float | None = None, ttft_s: float | None = None
+    ) -> None:
+        """The request's first output arrived: it left the queue (for wait estimates, metrics)."""
+        ...
+
+    def release(
+        self, admission: Admission, used_tokens: int, finish_reason: str | None = None
+    ) -> None:
+        """The request ended having used `used_tokens` (prompt + completion): refund the rest.
+        `finish_reason` ("overloaded" for a queue deadline, ...) feeds the metrics."""
         ...
 
 
@@ -67,8 +86,20 @@ class OpenGateway:
     def authenticate(self, headers: Mapping[str, str]) -> Tenant:
         return self.tenant
 
-    def admit(self, tenant: Tenant, prompt_tokens: int, max_tokens: int) -> Admission:
+    def check(self, tenant: Tenant, model: str = "") -> None:
+        return None
+
+    def admit(
+        self, tenant: Tenant, prompt_tokens: int, max_tokens: int, model: str = ""
+    ) -> Admission:
         return Admission(tenant=tenant, reserved_tokens=prompt_tokens + max_tokens)
 
-    def release(self, admission: Admission, used_tokens: int) -> None:
+    def started(
+        self, admission: Admission, queue_time_s: float | None = None, ttft_s: float | None = None
+    ) -> None:
+        return None
+
+    def release(
+        self, admission: Admission, used_tokens: int, finish_reason: str | None = None
+    ) -> None:
         return None
