@@ -6,6 +6,8 @@ sharing within a priority (`headrace.engine.fair_queue.FairQueue`, used by the g
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -31,3 +33,40 @@ class WaitingQueue(Protocol):
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[Request]: ...
+
+
+class PriorityQueue:
+    """Admit by priority (lower first), then arrival time; ties keep insertion order.
+
+    A sorted list: queues hold hundreds of requests, and `__iter__` must walk them in
+    admission order (the scheduler's stats and the gateway's wait estimates read it).
+    """
+
+    def __init__(self) -> None:
+        self._items: list[tuple[int, float, int, Request]] = []
+        self._seq = itertools.count()
+
+    def add(self, req: Request) -> None:
+        bisect.insort(self._items, (req.priority, req.arrival_time, next(self._seq), req))
+
+    def peek(self) -> Request | None:
+        return self._items[0][3] if self._items else None
+
+    def pop(self) -> Request:
+        return self._items.pop(0)[3]
+
+    def remove(self, req: Request) -> None:
+        for i, item in enumerate(self._items):
+            if item[3] is req:
+                del self._items[i]
+                return
+        raise KeyError(req.request_id)
+
+    def charge(self, req: Request, num_tokens: int) -> None:
+        """Strict priority keeps no service accounts."""
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter([item[3] for item in self._items])

@@ -1,0 +1,350 @@
+"""The scheduler: which requests compute how many tokens in the next model step.
+
+It schedules tokens, not phases. Each step, within a token budget, a cap on running requests
+and the free KV blocks: running requests' decode tokens first, then their prompt chunks, then
+waiting requests in queue order (priority, then arrival). A request that cannot get a block
+preempts the lowest-ranked running request, which is recomputed later; it is never dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from headrace.config import SchedulerConfig
+from headrace.engine.admission import make_admission
+from headrace.engine.block_manager import BlockManager, blocks_for
+from headrace.engine.outputs import (
+    RequestOutput,
+    RunnerOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+    StepStats,
+    TokenLogprobs,
+)
+from headrace.engine.stop_checker import check_stop
+from headrace.engine.waiting_queue import PriorityQueue, WaitingQueue
+from headrace.request import Request, RequestStatus
+
+# Admission keeps this share of the pool free so that running requests can grow a block
+# without preempting a request that was admitted a step earlier.
+_WATERMARK = 0.01
+
+
+def check_fits(
+    num_prompt_tokens: int, max_tokens: int, max_model_len: int, capacity_tokens: int
+) -> None:
+    """Raise ValueError, stating the limits, for a request that could never run."""
+    total = num_prompt_tokens + max_tokens
+    if num_prompt_tokens < 1:
+        raise ValueError("the prompt is empty")
+    if total > max_model_len:
+        raise ValueError(
+            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
+            f"exceeds the model's context of {max_model_len} tokens"
+        )
+    if total > capacity_tokens:
+        raise ValueError(
+            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
+            f"exceeds the KV cache's capacity of {capacity_tokens} tokens"
+        )
+
+
+def _rank(req: Request) -> tuple[int, float]:
+    return (req.priority, req.arrival_time)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        max_model_len: int,
+        queue: WaitingQueue | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.blocks = block_manager
+        self.max_model_len = max_model_len
+        self.queue: WaitingQueue = queue if queue is not None else PriorityQueue()
+        self.clock = clock
+        self.admission = make_admission(config)
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.running: list[Request] = []  # in rank order: priority, then arrival
+        self.num_preemptions_total = 0
+        self._pending: list[RequestOutput] = []  # finished outside a step (abort, deadline)
+        self._finished_ids: list[str] = []  # for the runner to drop their state
+        self._last_prefill = 0  # prompt tokens in the last scheduled step
+
+    # -- requests in and out ------------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        check_fits(
+            req.num_prompt_tokens,
+            req.params.max_tokens,
+            self.max_model_len,
+            self.blocks.capacity_tokens,
+        )
+        req.status = RequestStatus.WAITING
+        self.requests[req.request_id] = req
+        self.queue.add(req)
+
+    def abort_request(self, request_id: str) -> bool:
+        req = self.requests.get(request_id)
+        if req is None:
+            return False
+        self._finish(req, RequestStatus.FINISHED_ABORTED)
+        self._pending.append(self._output(req, []))
+        return True
+
+    def fail(self, out: SchedulerOutput, error: str) -> None:
+        """The step failed: its requests end with `error`; the others keep going."""
+        for s in out.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is not None:
+                self._finish(req, RequestStatus.FINISHED_ERROR)
+                self._pending.append(self._output(req, [], error=error))
+
+    def has_work(self) -> bool:
+        return bool(self.requests) or bool(self._pending)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.queue)
+
+    # -- one step -----------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        now = self.clock()
+        self._expire(now)
+        plan: dict[str, int] = {}  # request id -> tokens this step, in scheduling order
+        budget = self.config.max_num_batched_tokens
+        preempted: set[str] = set()
+        for decode in (True, False):
+            for req in list(self.running):
+                if budget == 0:
+                    break
+                remaining = req.num_tokens - req.num_computed_tokens
+                if (
+                    req.request_id in plan
+                    or req.request_id in preempted
+                    or ((remaining == 1) != decode)
+                ):
+                    continue
+                budget -= self._schedule_running(req, min(remaining, budget), plan, preempted)
+        budget = self._admit(budget, plan, preempted, now)
+        return self._build_output(plan, now)
+
+    def update(self, out: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        for s in out.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue
+            req.num_computed_tokens = s.start_pos + len(s.token_ids)
+            if not s.sample:
+                continue
+            token = result.sampled.get(s.request_id)
+            if token is None:
+                self._finish(req, RequestStatus.FINISHED_ERROR)
+                outputs.append(self._output(req, [], error="the model runner sampled no token"))
+                continue
+            req.output_token_ids.append(token)
+            if req.first_token_time is None:
+                req.first_token_time = self.clock()
+            status = check_stop(req, token, self.max_model_len)
+            if status is not None:
+                self._finish(req, status)
+            lp = result.logprobs.get(s.request_id)
+            outputs.append(self._output(req, [token], logprobs=[lp] if lp else []))
+        return outputs
+
+    # -- scheduling helpers -------------------------------------------------------------
+
+    def _schedule_running(
+        self, req: Request, n: int, plan: dict[str, int], preempted: set[str]
+    ) -> int:
+        """Give a running request up to `n` tokens, preempting lower-ranked ones for blocks.
+
+        Returns the budget consumed net of what preempted requests gave back.
+        """
+        refund = 0
+        start = req.num_computed_tokens
+        while not self.blocks.can_fit(req.request_id, start + n):
+            victim = self.running[-1]
+            if victim is req:
+                # Nobody ranks lower: take the blocks that are free; if none, wait a step.
+                n = min(n, self.blocks.max_tokens_fitting(req.request_id) - start)
+                if n <= 0:
+                    return -refund
+                break
+            refund += self._preempt(victim, plan, preempted)
+        self.blocks.allocate(req.request_id, start + n)
+        plan[req.request_id] = n
+        return n - refund
+
+    def _admit(self, budget: int, plan: dict[str, int], preempted: set[str], now: float) -> int:
+        while budget > 0:
+            req = self.admission.next_candidate(self.queue, now)
+            if req is None or req.request_id in preempted:
+                break
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self._room_for(req, n):
+                refund = self._preempt_for_priority(req, n, plan, preempted)
+                if refund is None:
+                    break
+                budget += refund
+            if req is self.queue.peek():
+                self.queue.pop()
+            else:
+                self.queue.remove(req)
+            self.blocks.allocate(req.request_id, req.num_computed_tokens + n)
+            req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            self.running.append(req)
+            self.running.sort(key=_rank)
+            plan[req.request_id] = n
+            budget -= n
+        return budget
+
+    def _room_for(self, req: Request, n: int) -> bool:
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        need = self.blocks.blocks_needed(req.request_id, req.num_computed_tokens + n)
+        reserve = int(self.blocks.num_blocks * _WATERMARK) if self.running else 0
+        return need + reserve <= self.blocks.num_free_blocks
+
+    def _preempt_for_priority(
+        self, req: Request, n: int, plan: dict[str, int], preempted: set[str]
+    ) -> int | None:
+        """Preempt running requests of a lower tier to admit `req`, if that makes room.
+
+        Returns the budget the victims gave back, or None when no such room can be made.
+        Each victim is preempted at most `max_preemptions` times, so it cannot thrash.
+        """
+        if not self.admission.allows_priority_preemption:
+            return None
+        victims = [
+            r
+            for r in reversed(self.running)
+            if r.priority > req.priority and r.num_preemptions < self.config.max_preemptions
+        ]
+        need = blocks_for(req.num_computed_tokens + n, self.blocks.block_size)
+        free = self.blocks.num_free_blocks
+        chosen: list[Request] = []
+        for victim in victims:
+            enough_seqs = len(self.running) - len(chosen) < self.config.max_num_seqs
+            if enough_seqs and need <= free:
+                break
+            chosen.append(victim)
+            free += self.blocks.num_blocks_of(victim.request_id)
+        if len(self.running) - len(chosen) >= self.config.max_num_seqs or need > free:
+            return None
+        return sum(self._preempt(victim, plan, preempted) for victim in chosen)
+
+    def _preempt(self, victim: Request, plan: dict[str, int], preempted: set[str]) -> int:
+        """Free the victim's blocks and send it back to wait; returns the budget it held."""
+        self.running.remove(victim)
+        self.blocks.free(victim.request_id)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.queue.add(victim)
+        preempted.add(victim.request_id)
+        return plan.pop(victim.request_id, 0)
+
+    def _build_output(self, plan: dict[str, int], now: float) -> SchedulerOutput:
+        scheduled = []
+        self._last_prefill = 0
+        for rid, n in plan.items():
+            req = self.requests[rid]
+            start = req.num_computed_tokens
+            self._last_prefill += max(0, min(n, req.num_prompt_tokens - start))
+            scheduled.append(
+                ScheduledRequest(
+                    request_id=rid,
+                    token_ids=req.all_token_ids[start : start + n],
+                    start_pos=start,
+                    block_ids=self.blocks.block_table(rid),
+                    sample=start + n == req.num_tokens,
+                    params=req.params,
+                    num_output_tokens=req.num_output_tokens,
+                )
+            )
+            self.queue.charge(req, n)
+        finished: list[str] = []
+        if scheduled:  # an empty step is not run: keep the ids for the next one
+            finished, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(scheduled=scheduled, finished_ids=finished)
+
+    def _expire(self, now: float) -> None:
+        for req in list(self.requests.values()):
+            if req.deadline is not None and now >= req.deadline:
+                status = RequestStatus.FINISHED_TIMEOUT
+            elif (
+                req.queue_deadline is not None
+                and now >= req.queue_deadline
+                and req.first_scheduled_time is None
+            ):
+                status = RequestStatus.FINISHED_OVERLOADED
+            else:
+                continue
+            self._finish(req, status)
+            self._pending.append(self._output(req, []))
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            self.queue.remove(req)
+        self.blocks.free(req.request_id)
+        req.status = status
+        del self.requests[req.request_id]
+        self._finished_ids.append(req.request_id)
+        self.admission.on_finish(req)
+
+    def _output(
+        self,
+        req: Request,
+        new_token_ids: list[int],
+        error: str | None = None,
+        logprobs: list[TokenLogprobs] | None = None,
+    ) -> RequestOutput:
+        started = req.first_scheduled_time
+        return RequestOutput(
+            request_id=req.request_id,
+            new_token_ids=new_token_ids,
+            finish_reason=req.status.finish_reason,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_output_tokens=req.num_output_tokens,
+            logprobs=logprobs or [],
+            error=error,
+            queue_time=None if started is None else started - req.arrival_time,
+        )
+
+    # -- statistics ---------------------------------------------------------------------
+
+    def stats(self, out: SchedulerOutput | None = None, step_duration: float = 0.0) -> StepStats:
+        """Gauges now, with the token counts of `out` (the step just run), if given."""
+        batched = out.num_batched_tokens if out is not None else 0
+        prefill = min(self._last_prefill, batched)
+        return StepStats(
+            step_duration=step_duration,
+            num_running=len(self.running),
+            num_waiting=len(self.queue),
+            num_batched_tokens=batched,
+            num_prefill_tokens=prefill,
+            num_decode_tokens=batched - prefill,
+            kv_blocks_used=self.blocks.num_used_blocks,
+            kv_blocks_total=self.blocks.num_blocks,
+            num_preemptions_total=self.num_preemptions_total,
+            waiting_tokens=sum(r.num_tokens - r.num_computed_tokens for r in self.queue),
+            running_tokens=sum(
+                r.num_tokens - r.num_computed_tokens + r.params.max_tokens - r.num_output_tokens
+                for r in self.running
+            ),
+        )

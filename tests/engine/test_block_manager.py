@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import pytest
+
+from headrace.engine.block_manager import BlockManager, blocks_for
+
+
+def test_allocate_grows_and_free_returns_everything() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4)
+    assert bm.allocate("a", 5) is not None  # 2 blocks
+    assert bm.allocate("a", 8) == []  # still 2 blocks
+    grown = bm.allocate("a", 9)
+    assert grown is not None and len(grown) == 1
+    assert bm.allocate("b", 16) is not None
+    assert bm.num_free_blocks == 1
+    bm.check_invariants({"a": 9, "b": 16})
+    assert bm.free("a") == 3
+    assert bm.num_free_blocks == 4
+    bm.check_invariants({"b": 16})
+
+
+def test_does_not_fit_answers_none_and_changes_nothing() -> None:
+    bm = BlockManager(num_blocks=4, block_size=4)
+    assert bm.allocate("a", 12) is not None
+    before = bm.block_table("a")
+    assert bm.allocate("a", 17) is None
+    assert bm.allocate("b", 8) is None
+    assert bm.block_table("a") == before and bm.block_table("b") == []
+    assert bm.num_free_blocks == 1
+    assert bm.max_tokens_fitting("a") == 16
+    bm.check_invariants({"a": 12})
+
+
+def test_invariants_catch_double_ownership_leaks_and_short_tables() -> None:
+    bm = BlockManager(num_blocks=4, block_size=2)
+    bm.allocate("a", 4)
+    bm._tables["b"] = [bm._tables["a"][0]]  # corrupt on purpose
+    with pytest.raises(AssertionError, match="owned by"):
+        bm.check_invariants()
+    bm = BlockManager(num_blocks=4, block_size=2)
+    bm.allocate("a", 4)
+    bm._tables["a"].pop()  # a block neither free nor owned
+    with pytest.raises(AssertionError, match="leaked"):
+        bm.check_invariants()
+    bm = BlockManager(num_blocks=4, block_size=2)
+    bm.allocate("a", 2)
+    with pytest.raises(AssertionError, match="1 blocks for 3"):
+        bm.check_invariants({"a": 3})
+    with pytest.raises(AssertionError, match="does not run"):
+        bm.check_invariants({})
+
+
+def test_blocks_for_rounds_up() -> None:
+    assert [blocks_for(n, 4) for n in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
