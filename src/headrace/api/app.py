@@ -1,0 +1,104 @@
+"""The FastAPI application: `build_app(engines, gateway, config)`.
+
+`engines` maps a served model name to its engine client (a replica, or later a router over
+several); a request's `model` picks one, no `model` means the first. With `loader`, the app
+starts with no engines and answers /health with 503 until the loader's engines arrive, so the
+HTTP server can come up before the weights are in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from headrace.api import chat, generate, openai
+from headrace.api.errors import install_error_handlers
+from headrace.api.limits import BodySizeLimit
+from headrace.api.state import AppState, app_state
+from headrace.config import ServerConfig
+from headrace.engine.client import EngineClient
+from headrace.gateway.base import Gateway
+from headrace.metrics.prometheus import Metrics
+
+log = logging.getLogger("headrace.api")
+
+EngineLoader = Callable[[], Awaitable[Mapping[str, EngineClient]]]
+
+
+def build_app(
+    engines: Mapping[str, EngineClient],
+    gateway: Gateway,
+    config: ServerConfig,
+    *,
+    loader: EngineLoader | None = None,
+    metrics: Metrics | None = None,
+) -> FastAPI:
+    """The HTTP front end over `engines`; engines from `loader` are the app's to close."""
+    state = AppState(dict(engines), gateway, config, metrics or Metrics())
+    state.metrics.watch_engines(lambda: state.engines)
+    app = FastAPI(title="Headrace", version="0.1.0", lifespan=_lifespan(state, loader))
+    app.state.headrace = state
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    for module in (generate, openai, chat):
+        app.include_router(module.router)
+    app.add_api_route("/health", health, methods=["GET"], include_in_schema=True)
+    app.add_api_route("/metrics", metrics_route, methods=["GET"], include_in_schema=False)
+    return app
+
+
+async def health(request: Request) -> JSONResponse:
+    """200 when every engine is up; 503 while loading, after a failure, or shutting down."""
+    status, body = app_state(request).health()
+    return JSONResponse(body, status_code=status)
+
+
+async def metrics_route(request: Request) -> Response:
+    body, content_type = app_state(request).metrics.render()
+    return Response(body, media_type=content_type)
+
+
+def _lifespan(
+    state: AppState, loader: EngineLoader | None
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_load(state, loader)) if loader is not None else None
+        try:
+            yield
+        finally:
+            state.shutdown.set()
+            if task is not None:
+                task.cancel()
+                loaded = await asyncio.gather(task, return_exceptions=True)
+                await _close_all(loaded[0] if isinstance(loaded[0], dict) else {})
+
+    return lifespan
+
+
+async def _load(state: AppState, loader: EngineLoader | None) -> dict[str, EngineClient]:
+    assert loader is not None
+    state.loading = True
+    try:
+        engines = dict(await loader())
+    except Exception as e:
+        log.error("loading the model failed: %s", e, exc_info=True)
+        state.load_error = str(e) or type(e).__name__
+        raise
+    finally:
+        state.loading = False
+    state.engines.update(engines)
+    return engines
+
+
+async def _close_all(engines: Mapping[str, EngineClient]) -> None:
+    for name, engine in engines.items():
+        try:
+            await engine.close()
+        except Exception:
+            log.warning("closing engine %s failed", name, exc_info=True)

@@ -1,0 +1,88 @@
+"""OpenAI-compatible /v1/chat/completions: the conversation through the model's chat template."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from headrace.api.logprobs import chat_logprobs
+from headrace.api.prompts import encode_chat
+from headrace.api.schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    error_responses,
+    streaming_response,
+)
+from headrace.api.serving import RequestRun, admit, run_to_end, start_stream, stream_run
+from headrace.api.sse import SSEResponse, encode_event
+from headrace.api.state import app_state
+from headrace.engine.client import EngineClient, GenerationChunk
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={
+        **streaming_response(ChatCompletionResponse),
+        **error_responses(400, 401, 404, 413, 429, 503),
+    },
+)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    state = app_state(request)
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+
+    async def encode(engine: EngineClient) -> list[int]:
+        return await encode_chat(engine.tokenizer, messages)
+
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    job = await admit(
+        state, request, body, encode, max_tokens=max_tokens, logprobs=logprobs,
+        id_prefix="chatcmpl",
+    )  # fmt: skip
+    run = RequestRun(state, job)
+    tok = job.engine.tokenizer
+    head = {"id": job.request_id, "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": job.model}  # fmt: skip
+    if body.stream:
+        first = await start_stream(state, request, run)
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        extra: dict[str, Any] = {"usage": None} if include_usage else {}
+
+        def choice(delta: dict[str, Any], reason: str | None, lp: Any = None) -> bytes:
+            c = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": reason}
+            return encode_event({**head, "choices": [c], **extra})
+
+        def event(chunk: GenerationChunk) -> bytes | None:
+            if not (chunk.text or chunk.finished or chunk.logprobs):
+                return None
+            lp = chat_logprobs(tok, chunk.logprobs) if logprobs is not None else None
+            reason = str(chunk.finish_reason) if chunk.finished else None
+            return choice({"content": chunk.text} if chunk.text else {}, reason, lp)
+
+        def end() -> list[bytes]:
+            if not include_usage:
+                return []
+            return [encode_event({**head, "choices": [], "usage": run.usage()})]
+
+        prelude = [choice({"role": "assistant", "content": ""}, None)]
+        events = stream_run(run, first, event, end, prelude)
+        return SSEResponse(events, job.admission.headers, on_shutdown=state.shutdown.wait)
+    chunks = await run_to_end(state, request, run)
+    lp = None
+    if logprobs is not None:
+        lp = chat_logprobs(tok, [x for c in chunks for x in c.logprobs])
+    message = {"role": "assistant", "content": "".join(c.text for c in chunks)}
+    choice_ = {
+        "index": 0,
+        "message": message,
+        "logprobs": lp,
+        "finish_reason": str(run.finish_reason),
+    }
+    answer = {**head, "object": "chat.completion", "choices": [choice_], "usage": run.usage()}
+    return JSONResponse(answer, headers=job.admission.headers)

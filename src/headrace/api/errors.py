@@ -1,0 +1,126 @@
+"""Every error leaves the server in OpenAI's shape: `{"error": {message, type, param, code}}`.
+
+Route code raises `APIError`; the handlers installed by `install_error_handlers` turn it, the
+gateway's refusals, FastAPI's validation errors (400 like OpenAI, not 422) and stray HTTP
+exceptions into that JSON body.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from headrace.gateway.base import GatewayError
+
+log = logging.getLogger("headrace.api")
+
+_TYPES_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+class APIError(Exception):
+    """A refusal with an HTTP status, raised anywhere below a route."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _TYPES_BY_STATUS.get(status, "server_error")
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    @classmethod
+    def from_gateway(cls, err: GatewayError) -> APIError:
+        return cls(
+            err.status, err.message, type=err.error_type, code=err.status, headers=err.headers
+        )
+
+
+def error_body(
+    message: str, type: str, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(GatewayError, _gateway_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return exc.response()
+
+
+async def _gateway_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GatewayError)
+    return APIError.from_gateway(exc).response()
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    message, param = describe_validation_errors(exc.errors())
+    return bad_request(message, param).response()
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    err = APIError(exc.status_code, str(exc.detail), headers=exc.headers)
+    return err.response()
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+    return APIError(500, "internal server error", type="server_error").response()
+
+
+def describe_validation_errors(errors: Sequence[Any]) -> tuple[str, str | None]:
+    """One readable sentence for pydantic's error list, and the first offending field."""
+    parts: list[str] = []
+    param: str | None = None
+    for err in errors:
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        field = ".".join(loc)
+        if err.get("type") == "json_invalid":
+            return "request body is not valid JSON: " + str(err.get("msg", "")), None
+        if param is None and field:
+            param = field
+        parts.append(f"{field or 'body'}: {err.get('msg', 'invalid value')}")
+    return "; ".join(parts) or "invalid request", param

@@ -1,0 +1,70 @@
+"""POST /v1/generate: Headrace's own simple generation route.
+
+Answer: `{id, model, text, finish_reason, usage: {prompt_tokens, completion_tokens},
+timing: {queue_ms, ttft_ms, total_ms}}`. With `stream: true`: one event `{id, model, text}` per
+new piece of text, then a final event that adds `finish_reason`, `usage` and `timing`, then
+`data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from headrace.api.prompts import encode_text
+from headrace.api.schemas import (
+    GenerateRequest,
+    GenerateResponse,
+    error_responses,
+    streaming_response,
+)
+from headrace.api.serving import RequestRun, admit, run_to_end, start_stream, stream_run
+from headrace.api.sse import SSEResponse, encode_event
+from headrace.api.state import app_state
+from headrace.engine.client import EngineClient, GenerationChunk
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/generate",
+    response_model=GenerateResponse,
+    responses={
+        **streaming_response(GenerateResponse),
+        **error_responses(400, 401, 404, 413, 429, 503),
+    },
+)
+async def generate(body: GenerateRequest, request: Request) -> Response:
+    state = app_state(request)
+
+    async def encode(engine: EngineClient) -> list[int]:
+        return await encode_text(engine.tokenizer, body.prompt)
+
+    job = await admit(state, request, body, encode, max_tokens=body.max_tokens, id_prefix="gen")
+    run = RequestRun(state, job)
+    head = {"id": job.request_id, "model": job.model}
+    headers = job.admission.headers
+    if body.stream:
+        first = await start_stream(state, request, run)
+
+        def event(chunk: GenerationChunk) -> bytes | None:
+            return encode_event({**head, "text": chunk.text}) if chunk.text else None
+
+        def end() -> list[bytes]:
+            return [encode_event({**head, "text": "", **_tail(run)})]
+
+        events = stream_run(run, first, event, end)
+        return SSEResponse(events, headers, on_shutdown=state.shutdown.wait)
+    chunks = await run_to_end(state, request, run)
+    text = "".join(c.text for c in chunks)
+    return JSONResponse({**head, "text": text, **_tail(run)}, headers=headers)
+
+
+def _tail(run: RequestRun) -> dict[str, Any]:
+    return {
+        "finish_reason": str(run.finish_reason),
+        "usage": {"prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens},
+        "timing": run.job.timer.as_ms(),
+    }

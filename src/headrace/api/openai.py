@@ -1,0 +1,101 @@
+"""OpenAI-compatible /v1/completions and /v1/models (chat lives in `chat.py`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from headrace.api.logprobs import completion_logprobs
+from headrace.api.prompts import check_token_ids, encode_text
+from headrace.api.schemas import (
+    CompletionRequest,
+    CompletionResponse,
+    ModelList,
+    error_responses,
+    streaming_response,
+)
+from headrace.api.serving import RequestRun, admit, run_to_end, start_stream, stream_run
+from headrace.api.sse import SSEResponse, encode_event
+from headrace.api.state import app_state
+from headrace.engine.client import EngineClient, GenerationChunk
+
+router = APIRouter()
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(request: Request) -> dict[str, Any]:
+    state = app_state(request)
+    now = int(time.time())
+    data = [
+        {"id": name, "object": "model", "created": now, "owned_by": "headrace",
+         "max_model_len": engine.max_model_len}
+        for name, engine in state.engines.items()
+    ]  # fmt: skip
+    return {"object": "list", "data": data}
+
+
+@router.post(
+    "/v1/completions",
+    response_model=CompletionResponse,
+    responses={
+        **streaming_response(CompletionResponse),
+        **error_responses(400, 401, 404, 413, 429, 503),
+    },
+)
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    state = app_state(request)
+
+    async def encode(engine: EngineClient) -> list[int]:
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            prompt = str(prompt[0])
+        if isinstance(prompt, str):
+            return await encode_text(engine.tokenizer, prompt)
+        return check_token_ids(engine.tokenizer, [int(t) for t in prompt])
+
+    job = await admit(
+        state, request, body, encode, max_tokens=body.max_tokens, logprobs=body.logprobs,
+        id_prefix="cmpl",
+    )  # fmt: skip
+    run = RequestRun(state, job)
+    tok = job.engine.tokenizer
+    head = {"id": job.request_id, "object": "text_completion", "created": int(time.time()),
+            "model": job.model}  # fmt: skip
+    if body.stream:
+        first = await start_stream(state, request, run)
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        offset = 0
+
+        def event(chunk: GenerationChunk) -> bytes | None:
+            nonlocal offset
+            if not (chunk.text or chunk.finished or chunk.logprobs):
+                return None
+            lp = None
+            if body.logprobs is not None:
+                lp = completion_logprobs(tok, chunk.logprobs, offset)
+                offset += sum(len(t) for t in lp["tokens"])
+            reason = str(chunk.finish_reason) if chunk.finished else None
+            choice = {"index": 0, "text": chunk.text, "logprobs": lp, "finish_reason": reason}
+            extra = {"usage": None} if include_usage else {}
+            return encode_event({**head, "choices": [choice], **extra})
+
+        def end() -> list[bytes]:
+            if not include_usage:
+                return []
+            return [encode_event({**head, "choices": [], "usage": run.usage()})]
+
+        events = stream_run(run, first, event, end)
+        return SSEResponse(events, job.admission.headers, on_shutdown=state.shutdown.wait)
+    chunks = await run_to_end(state, request, run)
+    logprobs = None
+    if body.logprobs is not None:
+        logprobs = completion_logprobs(tok, [lp for c in chunks for lp in c.logprobs])
+    choice = {
+        "index": 0, "text": "".join(c.text for c in chunks), "logprobs": logprobs,
+        "finish_reason": str(run.finish_reason),
+    }  # fmt: skip
+    answer = {**head, "choices": [choice], "usage": run.usage()}
+    return JSONResponse(answer, headers=job.admission.headers)

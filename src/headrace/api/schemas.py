@@ -1,0 +1,221 @@
+"""Request and response bodies of the HTTP API (pydantic), also the source of /openapi.json.
+
+Requests validate strictly (`"5"` is not a number) and refuse NaN/infinity, so a wrong type is a
+400 before any work. Bounds that need the model (prompt + max_tokens within the context) are
+checked later, once the prompt is tokenized.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_TOKENS_LIMIT = 1_000_000  # schema bound; the model's context is the real limit
+SEED_MAX = 2**63 - 1
+
+_STRICT = ConfigDict(strict=True, allow_inf_nan=False)
+
+Stop = Annotated[str, Field(min_length=1, max_length=256)]
+MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+
+
+class SamplingFields(BaseModel):
+    """Settings shared by every generation route."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+    model: str | None = Field(None, description="served model name; default: the first model")
+    temperature: float = Field(1.0, ge=0, le=100, description="0 means greedy")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=-1, description="0 or -1 means off")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
+    stop: Stop | Annotated[list[Stop], Field(max_length=16)] | None = None
+    ignore_eos: bool = Field(False, description="keep generating past end-of-sequence")
+    stream: bool = False
+    timeout: float | None = Field(
+        None, gt=0, le=86_400, description="seconds; ends with finish_reason `timeout`"
+    )
+
+
+class GenerateRequest(SamplingFields):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
+
+    prompt: str = Field(min_length=1)
+    max_tokens: MaxTokens = 16
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+
+    include_usage: bool = False
+
+
+class CompletionRequest(SamplingFields):
+    prompt: (
+        str
+        | Annotated[list[int], Field(min_length=1)]
+        | Annotated[list[str], Field(min_length=1, max_length=1)]
+    ) = Field(description="a string, a list of token ids, or a list of one string")
+    max_tokens: MaxTokens = 16
+    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    logprobs: int | None = Field(None, ge=0, le=20)
+    stream_options: StreamOptions | None = None
+
+
+class TextPart(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: MaxTokens | None = Field(None, description="default: the rest of the context")
+    max_completion_tokens: MaxTokens | None = None
+    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    stream_options: StreamOptions | None = None
+
+
+# -- responses -------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Timing(BaseModel):
+    queue_ms: float | None
+    ttft_ms: float | None
+    total_ms: float
+
+
+class GenerateUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class GenerateResponse(BaseModel):
+    id: str
+    model: str
+    text: str
+    finish_reason: str
+    usage: GenerateUsage
+    timing: Timing
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "headrace"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error statuses a route can answer."""
+    return {s: {"model": ErrorResponse, "description": "error"} for s in statuses}
+
+
+def streaming_response(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """A 200 that is JSON, or an SSE stream when `stream` is true."""
+    return {
+        200: {
+            "model": model,
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "the result, or an event stream of `data: {json}` lines ending in "
+            "`data: [DONE]` when `stream` is true",
+        }
+    }

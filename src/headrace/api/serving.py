@@ -1,0 +1,256 @@
+"""The path every generation route shares: admit a request, run it on its engine, settle up.
+
+`admit` does the cheap checks first (key, model, tenant limits), then tokenizes and checks the
+context, then asks the gateway to admit. `RequestRun` iterates the engine's chunks and, in
+`close()` — always called, in a `finally` — aborts the engine request if it has not finished,
+hands the tokens back to the gateway and records the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from fastapi import Request
+
+from headrace.api.errors import APIError, bad_request
+from headrace.api.schemas import SamplingFields
+from headrace.api.sse import DONE, error_event, wait_for_disconnect
+from headrace.api.state import AppState
+from headrace.engine.client import EngineClient, GenerateOptions, GenerationChunk
+from headrace.gateway.base import Admission
+from headrace.metrics.timing import RequestTimer
+from headrace.request import FinishReason, SamplingParams
+
+log = logging.getLogger("headrace.api")
+T = TypeVar("T")
+
+
+@dataclass
+class Job:
+    """A request that passed every check and holds a gateway admission."""
+
+    request_id: str
+    model: str
+    engine: EngineClient
+    prompt_ids: list[int]
+    params: SamplingParams
+    options: GenerateOptions
+    admission: Admission
+    timer: RequestTimer
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+            top_k=max(body.top_k, 0), seed=body.seed, stop=stop, ignore_eos=body.ignore_eos,
+            logprobs=logprobs,
+        )  # fmt: skip
+    except ValueError as e:
+        raise bad_request(str(e)) from e
+
+
+def check_context(prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    """Refuse, before any stream starts, a request that cannot fit the model's context."""
+    if prompt_tokens + max_tokens <= max_model_len:
+        return
+    param = "prompt" if prompt_tokens >= max_model_len else "max_tokens"
+    raise bad_request(
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+        f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for "
+        "the completion). Please reduce the prompt or max_tokens.",
+        param,
+    )
+
+
+async def admit(
+    state: AppState,
+    request: Request,
+    body: SamplingFields,
+    encode: Callable[[EngineClient], Awaitable[list[int]]],
+    *,
+    max_tokens: int | None,
+    logprobs: int | None = None,
+    id_prefix: str = "gen",
+) -> Job:
+    """All the checks, cheapest first; `encode` tokenizes the prompt for the chosen engine."""
+    tenant = state.gateway.authenticate(request.headers)
+    model, engine = state.engine_for(body.model)
+    state.gateway.check(tenant, model)
+    ids = await encode(engine)
+    if not ids:
+        raise bad_request("the prompt is empty", "prompt")
+    if max_tokens is None:  # chat without a limit: the rest of the context
+        max_tokens = max(engine.max_model_len - len(ids), 1)
+    check_context(len(ids), max_tokens, engine.max_model_len)
+    params = sampling_params(body, max_tokens, logprobs)
+    admission = state.gateway.admit(tenant, len(ids), max_tokens, model)
+    options = GenerateOptions(
+        priority=tenant.priority, tenant=tenant.name, weight=tenant.weight,
+        timeout_s=body.timeout or state.config.request_timeout_s,
+        queue_timeout_s=tenant.queue_timeout_s,
+    )  # fmt: skip
+    rid = new_request_id(id_prefix)
+    return Job(rid, model, engine, ids, params, options, admission, RequestTimer())
+
+
+class RequestRun:
+    """Iterates one job's chunks from its engine; `close()` must follow, in a `finally`."""
+
+    def __init__(self, state: AppState, job: Job) -> None:
+        self.state = state
+        self.job = job
+        self.chunks = job.engine.generate(job.request_id, job.prompt_ids, job.params, job.options)
+        self.prompt_tokens = len(job.prompt_ids)
+        self.completion_tokens = 0
+        self.finish_reason: FinishReason | None = None
+        self.closed = False
+
+    def usage(self) -> dict[str, int]:
+        """OpenAI's `usage` object."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+    def __aiter__(self) -> RequestRun:
+        return self
+
+    async def __anext__(self) -> GenerationChunk:
+        if self.finish_reason is not None:
+            raise StopAsyncIteration
+        try:
+            chunk = await anext(self.chunks)
+        except StopAsyncIteration:
+            self.finish_reason = FinishReason.ERROR
+            raise APIError(500, "the engine ended the request without a result") from None
+        except ValueError as e:  # refused by the engine before it started (cannot ever fit)
+            self.finish_reason = FinishReason.ERROR
+            raise bad_request(str(e)) from e
+        except (APIError, asyncio.CancelledError):
+            raise
+        except Exception as e:
+            self.finish_reason = FinishReason.ERROR
+            log.exception("engine failed on %s", self.job.request_id)
+            raise APIError(503, f"the engine failed: {e}", type="unavailable_error") from e
+        return self._record(chunk)
+
+    def _record(self, chunk: GenerationChunk) -> GenerationChunk:
+        job = self.job
+        first = job.timer.first_token is None
+        job.timer.on_tokens(len(chunk.token_ids), chunk.queue_time)
+        if first and job.timer.first_token is not None:
+            self.state.gateway.started(job.admission, job.timer.queue_time, job.timer.ttft)
+        self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
+        self.completion_tokens = max(self.completion_tokens, chunk.completion_tokens)
+        self.finish_reason = chunk.finish_reason
+        if chunk.finish_reason is FinishReason.ERROR:
+            raise APIError(500, chunk.error or "the engine failed on this request")
+        if chunk.finish_reason is FinishReason.OVERLOADED:
+            raise APIError(
+                503, chunk.error or "the request did not start within its queue deadline",
+                type="overloaded_error", code=503,
+            )  # fmt: skip
+        return chunk
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        job = self.job
+        try:
+            if self.finish_reason is None:  # client gone, shutdown or an error: free the slot now
+                await job.engine.abort(job.request_id)
+            await self.chunks.aclose()  # type: ignore[attr-defined]
+        except Exception:
+            log.warning("cleaning up %s failed", job.request_id, exc_info=True)
+        finally:
+            reason = str(self.finish_reason or FinishReason.ABORT)
+            used = self.prompt_tokens + self.completion_tokens
+            self.state.gateway.release(job.admission, used, reason)
+            job.timer.finish()
+            self.state.metrics.observe_request(
+                job.model, job.admission.tenant.tier, job.timer, reason,
+                self.prompt_tokens, self.completion_tokens,
+            )  # fmt: skip
+
+
+async def unless_disconnected(state: AppState, request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, but give up (cancelling it) if the client hangs up or the server stops."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
+    stopping = asyncio.ensure_future(state.shutdown.wait())
+    try:
+        await asyncio.wait([task, gone, stopping], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        if stopping.done():
+            raise APIError(503, "server shutting down", type="unavailable_error", code=503)
+        raise APIError(499, "client closed the request", type="client_closed")
+    finally:
+        for t in (task, gone, stopping):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(task, gone, stopping, return_exceptions=True)
+
+
+async def stream_run(
+    run: RequestRun,
+    first: GenerationChunk,
+    event: Callable[[GenerationChunk], bytes | None],
+    end: Callable[[], list[bytes]],
+    prelude: Sequence[bytes] = (),
+) -> AsyncGenerator[bytes, None]:
+    """The SSE events of a run: `prelude`, `event(chunk)` for each chunk (None: nothing to send),
+    `end()` once finished, then `[DONE]`; an error midway becomes an error event."""
+    try:
+        for item in prelude:
+            yield item
+        chunk = first
+        while True:
+            data = event(chunk)
+            if data is not None:
+                yield data
+            if chunk.finished:
+                break
+            chunk = await anext(run)
+        run.job.timer.finish()
+        for item in end():
+            yield item
+    except APIError as e:
+        yield error_event(e.message, e.type, e.code)
+    finally:
+        await run.close()
+    yield DONE
+
+
+async def start_stream(state: AppState, request: Request, run: RequestRun) -> GenerationChunk:
+    """Wait for the first chunk before sending headers, so that a refusal is still a JSON error."""
+    try:
+        return await unless_disconnected(state, request, anext(run))
+    except BaseException:
+        await run.close()
+        raise
+
+
+async def run_to_end(state: AppState, request: Request, run: RequestRun) -> list[GenerationChunk]:
+    """All of a run's chunks (non-streaming), aborted if the client leaves first."""
+
+    async def collect() -> list[GenerationChunk]:
+        return [chunk async for chunk in run]
+
+    try:
+        return await unless_disconnected(state, request, collect())
+    finally:
+        await run.close()

@@ -1,0 +1,69 @@
+"""What every route shares: the engines by model name, the gateway, settings, metrics, and the
+server's lifecycle (loading, ready, failed, shutting down)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from headrace.api.errors import APIError
+from headrace.config import ServerConfig
+from headrace.engine.client import EngineClient
+from headrace.gateway.base import Gateway
+from headrace.metrics.prometheus import Metrics
+
+
+@dataclass
+class AppState:
+    engines: MutableMapping[str, EngineClient]  # filled in place when a background load ends
+    gateway: Gateway
+    config: ServerConfig
+    metrics: Metrics
+    loading: bool = False
+    load_error: str | None = None
+    shutdown: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def engine_for(self, model: str | None) -> tuple[str, EngineClient]:
+        """The engine serving `model`; no model means the first one."""
+        self.check_accepting()
+        if model is None:
+            name = next(iter(self.engines))
+            return name, self.engines[name]
+        engine = self.engines.get(model)
+        if engine is None:
+            known = ", ".join(self.engines)
+            raise APIError(
+                404, f"model {model!r} does not exist; served: {known}",
+                param="model", code="model_not_found",
+            )  # fmt: skip
+        return model, engine
+
+    def check_accepting(self) -> None:
+        if self.shutdown.is_set():
+            raise APIError(503, "server shutting down", type="unavailable_error", code=503)
+        if self.load_error is not None:
+            raise APIError(
+                503, f"model failed to load: {self.load_error}", type="unavailable_error"
+            )
+        if self.loading or not self.engines:
+            raise APIError(503, "model is loading", type="unavailable_error", code=503)
+
+    def health(self) -> tuple[int, dict[str, object]]:
+        """Status code and body for /health."""
+        if self.load_error is not None:
+            return 503, {"status": "failed", "error": self.load_error}
+        if self.shutdown.is_set():
+            return 503, {"status": "shutting_down"}
+        if self.loading or not self.engines:
+            return 503, {"status": "loading"}
+        models = {name: ("ok" if e.is_healthy else "dead") for name, e in self.engines.items()}
+        ok = all(v == "ok" for v in models.values())
+        return (200 if ok else 503), {"status": "ok" if ok else "unhealthy", "models": models}
+
+
+def app_state(request: Request) -> AppState:
+    state: AppState = request.app.state.headrace
+    return state

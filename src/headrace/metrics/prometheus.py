@@ -1,0 +1,145 @@
+"""Prometheus metrics, named after vLLM's (`vllm:` becomes `headrace:`) so dashboards map over.
+
+`Metrics` owns a registry of its own (never the process-global one), so several apps in one
+process — tests, a router's front end — do not collide. Request-level histograms and counters
+are fed by the API through `observe_request`; the engine gauges are read live from
+`EngineClient.stats()` at scrape time by a collector, so they are never stale.
+
+Other subsystems extend it: `metrics.registry` takes their own prometheus-client metrics, and
+`add_collector` takes live collectors (the router's replica health, say). TTFT and queue time
+carry a `tier` label that the gateway fills in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from headrace.metrics.timing import RequestTimer
+
+if TYPE_CHECKING:
+    from headrace.engine.client import EngineClient
+
+PREFIX = "headrace:"
+LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+EngineSource = Callable[[], Mapping[str, "EngineClient"]]
+
+
+class Metrics:
+    """The server's metrics registry and the request-level instruments."""
+
+    def __init__(self, engines: EngineSource | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds", "Time to first token.",
+            ["model_name", "tier"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.inter_token = Histogram(
+            PREFIX + "inter_token_latency_seconds", "Time between consecutive output tokens.",
+            ["model_name"], buckets=ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            PREFIX + "request_queue_time_seconds", "Time from arrival to first scheduled step.",
+            ["model_name", "tier"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds", "Request latency, arrival to last token.",
+            ["model_name"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            PREFIX + "prompt_tokens", "Prefill tokens processed.", ["model_name"], registry=r
+        )
+        self.generation_tokens = Counter(
+            PREFIX + "generation_tokens", "Generated tokens.", ["model_name"], registry=r
+        )
+        self.request_success = Counter(
+            PREFIX + "request_success", "Finished requests by finish reason.",
+            ["model_name", "finish_reason"], registry=r,
+        )  # fmt: skip
+        if engines is not None:
+            self.watch_engines(engines)
+
+    def watch_engines(self, engines: EngineSource) -> None:
+        """Export the live gauges of the engines that `engines()` returns at each scrape."""
+        self.add_collector(EngineStatsCollector(engines))
+
+    def add_collector(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+    def observe_request(
+        self,
+        model: str,
+        tier: str,
+        timer: RequestTimer,
+        finish_reason: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        """Record one finished request (any finish reason, client aborts included)."""
+        if timer.ttft is not None:
+            self.ttft.labels(model, tier).observe(timer.ttft)
+        if timer.queue_time is not None:
+            self.queue_time.labels(model, tier).observe(timer.queue_time)
+        itl = self.inter_token.labels(model)
+        for gap in timer.token_gaps:
+            itl.observe(gap)
+        self.e2e.labels(model).observe(timer.e2e)
+        self.prompt_tokens.labels(model).inc(prompt_tokens)
+        self.generation_tokens.labels(model).inc(completion_tokens)
+        self.request_success.labels(model, finish_reason).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class EngineStatsCollector(Collector):
+    """Gauges read from each engine's latest `StepStats` when Prometheus scrapes."""
+
+    def __init__(self, engines: EngineSource) -> None:
+        self.engines = engines
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the families depend on live engines; skip the registry's duplicate check
+
+    def collect(self) -> Iterable[Metric]:
+        labels = ["model_name"]
+        running = GaugeMetricFamily(
+            PREFIX + "num_requests_running", "Requests running.", labels=labels
+        )
+        waiting = GaugeMetricFamily(
+            PREFIX + "num_requests_waiting", "Requests waiting.", labels=labels
+        )
+        usage = GaugeMetricFamily(
+            PREFIX + "kv_cache_usage_perc", "KV-cache usage, 0 to 1.", labels=labels
+        )
+        used = GaugeMetricFamily(
+            PREFIX + "kv_cache_used_blocks", "KV-cache blocks in use.", labels=labels
+        )
+        total = GaugeMetricFamily(
+            PREFIX + "kv_cache_total_blocks", "KV-cache blocks.", labels=labels
+        )
+        preempt = CounterMetricFamily(PREFIX + "num_preemptions", "Preemptions.", labels=labels)
+        for name, engine in list(self.engines().items()):
+            s = engine.stats()
+            running.add_metric([name], s.num_running)
+            waiting.add_metric([name], s.num_waiting)
+            usage.add_metric([name], s.kv_usage)
+            used.add_metric([name], s.kv_blocks_used)
+            total.add_metric([name], s.kv_blocks_total)
+            preempt.add_metric([name], s.num_preemptions_total)
+        return [running, waiting, usage, used, total, preempt]
