@@ -1,0 +1,175 @@
+"""The multi-tenant gateway: keys -> tenants, per-tenant limits, load shedding, metrics.
+
+One instance serves the whole front end and runs on its event loop (no locks needed: every
+method is synchronous and short). For each request the HTTP layer calls `authenticate`,
+`check` (before tokenizing), `admit` (with the prompt's length), `started` (first output) and
+`release` (always, once admitted).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from headrace.gateway.auth import KeyStore, hash_key, key_from_headers
+from headrace.gateway.base import Admission, GatewayError, Tenant
+from headrace.gateway.errors import unauthenticated
+from headrace.gateway.metrics import UNAUTHENTICATED, GatewayMetrics
+from headrace.gateway.overload import Clock, LoadShedder, StatsSource
+from headrace.gateway.ratelimit import TenantLimiter
+from headrace.gateway.tenants import TenantsConfig, load_tenants
+
+
+@dataclass(frozen=True)
+class Ticket(Admission):
+    """An Admission with what the gateway needs to settle it."""
+
+    ticket: int = 0
+    model: str = ""
+    prompt_tokens: int = 0
+
+
+class TenantGateway:
+    def __init__(
+        self,
+        config: TenantsConfig | None,
+        *,
+        max_queued_requests: int | None = None,
+        max_queued_tokens: int | None = None,
+        admin_keys: Iterable[str] = (),
+        default_tenant: Tenant | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        """`config` None runs open: no keys, everyone is `default_tenant`, but the queue bounds
+        and load shedding still apply. `admin_keys` are keys in clear (e.g. `--admin-key`)."""
+        self.config = config
+        self.clock = clock
+        self.default_tenant = default_tenant or Tenant()
+        specs = config.tenants if config is not None else ()
+        self.tenants = {s.name: s.tenant() for s in specs}
+        self.limiters = {
+            s.name: TenantLimiter(s.name, s.tokens_per_minute, s.max_concurrent, clock)
+            for s in specs
+        }
+        self.keys = KeyStore((h, s.name) for s in specs for h in s.key_hashes)
+        admin = [hash_key(k) for k in admin_keys]
+        admin += list(config.admin_key_hashes) if config is not None else []
+        self.admin_keys = KeyStore((h, "admin") for h in admin)
+        self.shedder = LoadShedder(max_queued_requests, max_queued_tokens, clock)
+        self.metrics = GatewayMetrics()
+        self._tickets = itertools.count(1)
+        self._open: dict[int, Ticket] = {}  # admitted, not yet released
+
+    @classmethod
+    def from_file(cls, path: str | Path, **kwargs: object) -> TenantGateway:
+        return cls(load_tenants(path), **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def is_open(self) -> bool:
+        return self.config is None
+
+    def attach_stats(self, source: StatsSource) -> None:
+        """Live engine statistics per model (for measured throughput); called at app start."""
+        self.shedder.stats_source = source
+
+    # -- who is calling ------------------------------------------------------------------
+
+    def authenticate(self, headers: Mapping[str, str]) -> Tenant:
+        if self.is_open:
+            return self.default_tenant
+        key = key_from_headers(headers)
+        owner = self.keys.owner(key)
+        if owner is None:
+            self.metrics.reject(UNAUTHENTICATED, "", "auth")
+            if key is None:
+                raise unauthenticated(
+                    "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+                )
+            raise unauthenticated("invalid API key")
+        return self.tenants[owner]
+
+    @property
+    def protects_metrics(self) -> bool:
+        return len(self.admin_keys) > 0
+
+    def authorize_admin(self, headers: Mapping[str, str]) -> None:
+        """For /metrics: raises 401 unless no admin key is set or a valid one is given."""
+        if self.protects_metrics and self.admin_keys.owner(key_from_headers(headers)) is None:
+            raise unauthenticated("this endpoint needs the admin key")
+
+    # -- may it start --------------------------------------------------------------------
+
+    def check(self, tenant: Tenant, model: str = "") -> None:
+        try:
+            limiter = self.limiters.get(tenant.name)
+            if limiter is not None:
+                limiter.check()
+            self.shedder.check(model, tenant.priority)
+        except GatewayError as e:
+            self.metrics.reject(tenant.name, tenant.tier, e.reason)
+            raise
+
+    def admit(
+        self, tenant: Tenant, prompt_tokens: int, max_tokens: int, model: str = ""
+    ) -> Admission:
+        tokens = prompt_tokens + max_tokens
+        ticket = next(self._tickets)
+        limiter = self.limiters.get(tenant.name)
+        try:
+            if limiter is not None:
+                limiter.check(tokens)  # a 429 goes before a 503: it is the tenant's own doing
+            self.shedder.admit(model, tenant.priority, tokens, tenant.queue_timeout_s)
+            headers = limiter.reserve(ticket, tokens) if limiter is not None else {}
+        except GatewayError as e:
+            self.metrics.reject(tenant.name, tenant.tier, e.reason)
+            raise
+        self.shedder.enqueue(ticket, model, tenant.priority, tokens)
+        adm = Ticket(
+            tenant, tokens, headers, ticket=ticket, model=model, prompt_tokens=prompt_tokens
+        )
+        self._open[ticket] = adm
+        self.metrics.admitted.labels(tenant.name, tenant.tier).inc()
+        self.metrics.in_flight.labels(tenant.name, tenant.tier).inc()
+        self.metrics.queued.labels(tenant.tier).inc()
+        return adm
+
+    # -- settling up ---------------------------------------------------------------------
+
+    def started(
+        self, admission: Admission, queue_time_s: float | None = None, ttft_s: float | None = None
+    ) -> None:
+        if not isinstance(admission, Ticket) or admission.ticket not in self._open:
+            return
+        tier = admission.tenant.tier
+        if self.shedder.dequeue(admission.ticket):
+            self.metrics.queued.labels(tier).dec()
+        if queue_time_s is not None:
+            self.metrics.queue_time.labels(tier).observe(queue_time_s)
+        if ttft_s is not None:
+            self.metrics.ttft.labels(tier).observe(ttft_s)
+
+    def release(
+        self, admission: Admission, used_tokens: int, finish_reason: str | None = None
+    ) -> None:
+        if not isinstance(admission, Ticket) or self._open.pop(admission.ticket, None) is None:
+            return  # not ours, or released already
+        tenant = admission.tenant
+        used = max(0, min(used_tokens, admission.reserved_tokens))
+        limiter = self.limiters.get(tenant.name)
+        if limiter is not None:
+            limiter.settle(admission.ticket, admission.reserved_tokens, used)
+        if self.shedder.dequeue(admission.ticket):
+            self.metrics.queued.labels(tenant.tier).dec()
+        else:
+            self.shedder.observe_finish(admission.reserved_tokens, used)
+        if finish_reason == "overloaded":
+            self.metrics.reject(tenant.name, tenant.tier, "deadline")
+        self.metrics.tokens.labels(tenant.name, tenant.tier).inc(used)
+        self.metrics.in_flight.labels(tenant.name, tenant.tier).dec()
+
+    @property
+    def num_open(self) -> int:
+        return len(self._open)

@@ -1,0 +1,154 @@
+"""Load shedding: say "overloaded" at arrival, in milliseconds, instead of after a deadline.
+
+The gateway knows every request it admitted and which have started (their first output
+arrived), so it knows the work queued ahead of a new request: the tokens (prompt +
+expected output) of not-yet-started requests of the same model at the same or a more urgent
+priority. Divided by the engine's measured throughput (tokens per model step / step time,
+averaged over steps that had a queue, i.e. at capacity) that is the expected wait. When it
+already exceeds the request's queue deadline, or the queue is over its bounds, the request is
+refused at once with 503 and a Retry-After. A request that slips through and still does not
+start in time is ended by the engine as `overloaded`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from headrace.engine.outputs import StepStats
+from headrace.gateway.errors import overloaded
+
+Clock = Callable[[], float]
+StatsSource = Callable[[], Mapping[str, StepStats]]  # model name -> latest step stats
+
+_EMA = 0.2  # weight of a new sample in the throughput and output-ratio averages
+
+
+@dataclass(frozen=True)
+class _Queued:
+    model: str
+    priority: int
+    tokens: int  # prompt + max_tokens
+
+
+class LoadShedder:
+    def __init__(
+        self,
+        max_queued_requests: int | None = None,
+        max_queued_tokens: int | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.max_queued_requests = max_queued_requests
+        self.max_queued_tokens = max_queued_tokens
+        self.clock = clock
+        self.stats_source: StatsSource | None = None
+        self._queued: dict[int, _Queued] = {}
+        self._totals: dict[tuple[str, int], list[int]] = {}  # (model, priority) -> [n, tokens]
+        self._last: dict[str, StepStats] = {}
+        self._rate_busy: dict[str, float] = {}  # tokens/s over steps with a queue
+        self._rate_any: dict[str, float] = {}  # tokens/s over every non-empty step
+        self.output_ratio = 1.0  # used / reserved tokens of finished requests, averaged
+
+    # -- the queue as the gateway sees it ------------------------------------------------
+
+    def queued_ahead(self, model: str, priority: int) -> tuple[int, int]:
+        """(requests, reserved tokens) not yet started at `priority` or more urgent."""
+        n = tokens = 0
+        for (m, p), (count, toks) in self._totals.items():
+            if m == model and p <= priority:
+                n += count
+                tokens += toks
+        return n, tokens
+
+    def enqueue(self, ticket: int, model: str, priority: int, tokens: int) -> None:
+        self._queued[ticket] = _Queued(model, priority, tokens)
+        self._add(self._queued[ticket], 1)
+
+    def dequeue(self, ticket: int) -> bool:
+        """The request started or ended; True if it was still queued."""
+        q = self._queued.pop(ticket, None)
+        if q is not None:
+            self._add(q, -1)
+        return q is not None
+
+    def observe_finish(self, reserved: int, used: int) -> None:
+        if reserved > 0 and used > 0:
+            self.output_ratio += _EMA * (min(1.0, used / reserved) - self.output_ratio)
+
+    # -- decisions -----------------------------------------------------------------------
+
+    def check(self, model: str, priority: int) -> None:
+        """Cheap: refuse when the queue ahead is already at its request bound."""
+        n, _ = self.queued_ahead(model, priority)
+        if self.max_queued_requests is not None and n >= self.max_queued_requests:
+            raise overloaded(
+                f"server overloaded: {n} requests are queued ahead (limit "
+                f"{self.max_queued_requests}); retry later",
+                self._drain_time(model, priority, 1),
+            )
+
+    def admit(self, model: str, priority: int, tokens: int, timeout_s: float | None) -> None:
+        """Raise 503 when the request would exceed a queue bound or miss its deadline."""
+        self.check(model, priority)
+        n, ahead = self.queued_ahead(model, priority)
+        if self.max_queued_tokens is not None and ahead + tokens > self.max_queued_tokens:
+            raise overloaded(
+                f"server overloaded: {ahead} tokens are queued ahead, this request adds "
+                f"{tokens} (limit {self.max_queued_tokens}); retry later",
+                self._drain_time(model, priority, ahead + tokens - self.max_queued_tokens),
+            )
+        wait = self.expected_wait(model, priority)
+        if timeout_s is not None and wait is not None and wait > timeout_s:
+            raise overloaded(
+                f"server overloaded: expected wait {wait:.1f} s ({n} requests queued ahead) "
+                f"exceeds this tier's queue deadline of {timeout_s:g} s; retry later",
+                wait - timeout_s,
+            )
+
+    def expected_wait(self, model: str, priority: int) -> float | None:
+        """Seconds until a new request would start; None before any throughput is measured."""
+        _, tokens = self.queued_ahead(model, priority)
+        if tokens == 0:
+            return 0.0
+        rate = self.throughput(model)
+        return None if not rate else tokens * self.output_ratio / rate
+
+    def throughput(self, model: str) -> float | None:
+        """Measured tokens per second of `model`'s engine (all models when not known)."""
+        self._sample()
+        if model in self._rate_busy or model in self._rate_any:
+            return self._rate_busy.get(model) or self._rate_any.get(model)
+        rates = [self._rate_busy.get(m) or self._rate_any.get(m) or 0.0 for m in self._last]
+        return sum(rates) or None
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _add(self, q: _Queued, sign: int) -> None:
+        total = self._totals.setdefault((q.model, q.priority), [0, 0])
+        total[0] += sign
+        total[1] += sign * q.tokens
+        if total[0] == 0:
+            del self._totals[(q.model, q.priority)]
+
+    def _drain_time(self, model: str, priority: int, excess_tokens: int) -> float:
+        rate = self.throughput(model)
+        if not rate:
+            return 1.0
+        _, tokens = self.queued_ahead(model, priority)
+        return max(excess_tokens, tokens // max(1, len(self._queued))) * self.output_ratio / rate
+
+    def _sample(self) -> None:
+        """Fold the engines' latest step into the throughput averages (once per new step)."""
+        if self.stats_source is None:
+            return
+        for model, st in self.stats_source().items():
+            if self._last.get(model) == st:
+                continue
+            self._last[model] = st
+            if st.step_duration <= 0 or st.num_batched_tokens <= 0:
+                continue
+            sample = st.num_batched_tokens / st.step_duration
+            rates = self._rate_busy if st.num_waiting > 0 else self._rate_any
+            old = rates.get(model)
+            rates[model] = sample if old is None else old + _EMA * (sample - old)

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import pytest
+
+from headrace.engine.outputs import StepStats
+from headrace.gateway.base import GatewayError
+from headrace.gateway.overload import LoadShedder
+
+
+class Stats:
+    """A stats source: the engine's latest step per model, set by the test."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, StepStats] = {}
+
+    def __call__(self) -> dict[str, StepStats]:
+        return dict(self.latest)
+
+    def step(self, model: str, tokens: int, seconds: float, waiting: int = 1) -> None:
+        self.latest[model] = StepStats(
+            step_duration=seconds, num_batched_tokens=tokens, num_waiting=waiting
+        )
+
+
+def refused(fn, *args) -> GatewayError:  # type: ignore[no-untyped-def]
+    with pytest.raises(GatewayError) as e:
+        fn(*args)
+    return e.value
+
+
+def test_request_bound_counts_only_requests_ahead() -> None:
+    s = LoadShedder(max_queued_requests=3)
+    for ticket in range(3):
+        s.enqueue(ticket, "m", 1, 100)
+    err = refused(s.check, "m", 1)
+    assert (err.status, err.error_type, err.reason) == (503, "overloaded_error", "overloaded")
+    assert err.headers["retry-after"] == "1"  # nothing measured yet
+    s.check("m", 0)  # a paid request has nobody ahead of it
+    s.check("other", 1)  # another model has its own queue
+    s.enqueue(10, "m", 2, 100)  # batch requests wait behind free ones, not ahead
+    refused(s.check, "m", 2)
+    assert s.dequeue(0) and not s.dequeue(0)
+    s.check("m", 1)
+
+
+def test_token_bound() -> None:
+    s = LoadShedder(max_queued_tokens=1000)
+    s.enqueue(1, "m", 1, 700)
+    s.admit("m", 1, 300, None)
+    err = refused(s.admit, "m", 1, 301, None)
+    assert "700 tokens are queued ahead" in err.message
+
+
+def test_expected_wait_uses_throughput_measured_at_capacity() -> None:
+    stats = Stats()
+    s = LoadShedder()
+    s.stats_source = stats
+    s.enqueue(1, "m", 1, 2000)
+    assert s.expected_wait("m", 1) is None  # no throughput known: no guess
+    stats.step("m", tokens=50, seconds=0.5, waiting=0)  # 100 tokens/s, not saturated
+    assert s.expected_wait("m", 1) == pytest.approx(20.0)
+    stats.step("m", tokens=200, seconds=0.5, waiting=3)  # 400 tokens/s at capacity
+    assert s.expected_wait("m", 1) == pytest.approx(5.0)
+    assert s.expected_wait("m", 1) == pytest.approx(5.0)  # the same step is counted once
+    stats.step("m", tokens=10, seconds=0.5, waiting=0)  # an idle-ish step: capacity stays
+    assert s.expected_wait("m", 1) == pytest.approx(5.0)
+    assert s.expected_wait("m", 0) == 0.0  # nothing ahead of a paid request
+    # Finished requests used a quarter of what they reserved: expect that of the queue too.
+    for _ in range(50):
+        s.observe_finish(400, 100)
+    assert s.output_ratio == pytest.approx(0.25, abs=0.01)
+    assert s.expected_wait("m", 1) == pytest.approx(1.25, abs=0.05)
+
+
+def test_refused_at_arrival_when_the_wait_exceeds_the_deadline() -> None:
+    stats = Stats()
+    s = LoadShedder()
+    s.stats_source = stats
+    stats.step("m", tokens=100, seconds=0.1, waiting=5)  # 1000 tokens/s
+    s.enqueue(1, "m", 1, 4000)
+    s.admit("m", 1, 10, 5.0)  # 4 s ahead, deadline 5 s
+    s.enqueue(2, "m", 1, 3000)
+    err = refused(s.admit, "m", 1, 10, 5.0)  # 7 s ahead
+    assert err.status == 503 and "exceeds this tier's queue deadline of 5 s" in err.message
+    assert err.headers["retry-after-ms"] == "2000"
+    assert err.headers["retry-after"] == "2"
+    s.admit("m", 1, 10, None)  # no deadline: no estimate refusal
+    s.admit("m", 2, 10, 60.0)  # batch: long deadline
+    s.admit("m", 0, 10, 5.0)  # paid: nothing ahead
+    # Unknown model names fall back to the sum over the engines.
+    s.enqueue(3, "", 1, 6000)
+    refused(s.admit, "", 1, 10, 5.0)
