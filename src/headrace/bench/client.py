@@ -1,0 +1,178 @@
+"""One streaming request to an OpenAI-compatible server (`/v1/completions`) or Headrace's
+`/v1/generate`, timed: TTFT, gaps between pieces of text, end-to-end; output tokens from the
+server's `usage` when it reports it, else one per streamed piece."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from headrace.bench.stats import RequestResult
+from headrace.bench.workloads import RequestSpec
+
+
+@dataclass
+class Target:
+    url: str
+    api: str = "completions"  # or "generate"
+    model: str | None = None
+    api_key: str | None = None
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    connection_per_request: bool = False
+    timeout: float = 300.0
+
+    @property
+    def path(self) -> str:
+        return "/v1/generate" if self.api == "generate" else "/v1/completions"
+
+    def payload(self, spec: RequestSpec) -> dict[str, object]:
+        body: dict[str, object] = {
+            "prompt": spec.prompt,
+            "max_tokens": spec.max_tokens,
+            "temperature": self.temperature,
+            "stream": True,
+        }
+        if self.model is not None:
+            body["model"] = self.model
+        if self.api == "completions":
+            body["stream_options"] = {"include_usage": True}
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        return body
+
+    def headers(self, spec: RequestSpec) -> dict[str, str]:
+        key = spec.tenant.api_key if spec.tenant and spec.tenant.api_key else self.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def make_client(target: Target) -> httpx.AsyncClient:
+    keepalive = 0 if target.connection_per_request else None
+    return httpx.AsyncClient(
+        base_url=target.url,
+        timeout=httpx.Timeout(target.timeout, connect=10.0),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=keepalive),
+    )
+
+
+@dataclass
+class _Stream:
+    """What the SSE events of one response told us."""
+
+    first: float | None = None
+    last: float | None = None
+    pieces: int = 0
+    itl: list[float] = field(default_factory=list)
+    usage: dict[str, int] | None = None
+    error: dict[str, object] | None = None
+
+    def feed(self, event: dict[str, object], api: str, now: float) -> None:
+        if isinstance(event.get("error"), dict):
+            self.error = event["error"]  # type: ignore[assignment]
+            return
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]  # type: ignore[assignment]
+        if _text_of(event, api):
+            if self.last is not None:
+                self.itl.append(now - self.last)
+            self.first = now if self.first is None else self.first
+            self.last = now
+            self.pieces += 1
+
+
+def _text_of(event: dict[str, object], api: str) -> str:
+    if api == "generate":
+        return str(event.get("text") or "")
+    choices = event.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return str(choices[0].get("text") or "")
+    return ""
+
+
+async def send(
+    client: httpx.AsyncClient, target: Target, spec: RequestSpec, t0: float
+) -> RequestResult:
+    start = time.perf_counter()
+    result = RequestResult(
+        index=spec.index,
+        start=start - t0,
+        ok=False,
+        tenant=spec.tenant.name if spec.tenant else None,
+        tier=spec.tenant.tier if spec.tenant else None,
+        kind=spec.kind,
+        max_tokens=spec.max_tokens,
+    )
+    stream = _Stream()
+    try:
+        req = client.build_request(
+            "POST", target.path, json=target.payload(spec), headers=target.headers(spec)
+        )
+        resp = await client.send(req, stream=True)
+        try:
+            result.status = resp.status_code
+            if resp.status_code != 200:
+                await resp.aread()
+                result.error, result.message = _http_error(resp)
+                return result
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                stream.feed(json.loads(data), target.api, time.perf_counter() - start)
+        finally:
+            await resp.aclose()
+    except httpx.TimeoutException as exc:
+        result.error, result.message = "timeout", str(exc) or type(exc).__name__
+        return result
+    except httpx.HTTPError as exc:
+        result.error, result.message = _transport_error(exc), str(exc) or type(exc).__name__
+        return result
+    except json.JSONDecodeError as exc:
+        result.error, result.message = "bad_event", f"unparseable SSE event: {exc}"
+        return result
+    return _finish(result, stream, time.perf_counter() - start)
+
+
+def _finish(result: RequestResult, stream: _Stream, e2e: float) -> RequestResult:
+    result.e2e = e2e
+    result.ttft = stream.first
+    result.itl = stream.itl
+    if stream.error is not None:
+        result.error = str(stream.error.get("type") or "stream_error")
+        result.message = str(stream.error.get("message") or "")
+        return result
+    usage = stream.usage or {}
+    if isinstance(usage.get("completion_tokens"), int):
+        result.output_tokens = usage["completion_tokens"]
+        result.tokens_from_usage = True
+    else:
+        result.output_tokens = stream.pieces
+    if isinstance(usage.get("prompt_tokens"), int):
+        result.prompt_tokens = usage["prompt_tokens"]
+    result.ok = True
+    return result
+
+
+def _http_error(resp: httpx.Response) -> tuple[str, str]:
+    try:
+        err = resp.json().get("error")
+    except (ValueError, AttributeError):
+        err = None
+    if isinstance(err, dict):
+        return str(err.get("type") or f"http_{resp.status_code}"), str(err.get("message") or "")
+    if isinstance(err, str):  # TGI and some others: {"error": "text", "error_type": ...}
+        return f"http_{resp.status_code}", err
+    return f"http_{resp.status_code}", resp.text[:200]
+
+
+def _transport_error(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return "connect_error"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "protocol_error"
+    return "read_error" if isinstance(exc, httpx.ReadError) else "transport_error"
