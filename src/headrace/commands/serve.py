@@ -1,0 +1,141 @@
+"""`headrace serve`: the HTTP server over one model (default: the embedded Gemma 3 270M).
+
+The HTTP server comes up first and answers /health with 503 while the model loads in the
+background; one log line says when it is ready. SIGINT / SIGTERM: streams in flight get a final
+error event, engine processes are stopped, nothing is left running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from headrace.api.app import build_app
+from headrace.api.state import AppState
+from headrace.config import (
+    CacheConfig,
+    ModelConfig,
+    SchedulerConfig,
+    ServerConfig,
+    add_config_args,
+    config_from_args,
+)
+from headrace.gateway.base import Gateway, OpenGateway
+
+log = logging.getLogger("headrace.serve")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for cls in (ModelConfig, CacheConfig, SchedulerConfig, ServerConfig):
+        add_config_args(parser, cls)
+
+
+def run(args: argparse.Namespace) -> int:
+    server_cfg = config_from_args(ServerConfig, args)
+    _setup_logging(server_cfg.log_level)
+    model_cfg = config_from_args(ModelConfig, args)
+    cache_cfg = config_from_args(CacheConfig, args)
+    sched_cfg = config_from_args(SchedulerConfig, args)
+    return serve(model_cfg, cache_cfg, sched_cfg, server_cfg)
+
+
+def serve(
+    model_cfg: ModelConfig,
+    cache_cfg: CacheConfig,
+    sched_cfg: SchedulerConfig,
+    server_cfg: ServerConfig,
+    gateway: Gateway | None = None,
+) -> int:
+    """Run until a signal; 0 on a clean stop, 1 if the model failed to load."""
+
+    name = model_cfg.served_model_name or served_name(model_cfg.model)
+    outcome: dict[str, BaseException] = {}
+    server: _Server | None = None
+
+    async def load() -> Mapping[str, Any]:
+        t0 = time.monotonic()
+        log.info("Loading model %s ...", model_cfg.model or "Gemma 3 270M (embedded)")
+        try:
+            engine = await start_engine(model_cfg, cache_cfg, sched_cfg, name)
+        except BaseException as e:
+            outcome["error"] = e
+            if server is not None:
+                server.should_exit = True  # a server without a model is of no use
+            raise
+        assert server is not None
+        while not server.started and not server.should_exit:
+            await asyncio.sleep(0.05)
+        log.info(
+            "Headrace ready: model %s on http://%s:%d (loaded in %.1f s)",
+            name, server_cfg.host, server.bound_port(), time.monotonic() - t0,
+        )  # fmt: skip
+        return {name: engine}
+
+    app = build_app({}, gateway or OpenGateway(), server_cfg, loader=load)
+    config = uvicorn.Config(
+        app, host=server_cfg.host, port=server_cfg.port, workers=1, lifespan="on",
+        log_level=server_cfg.log_level, access_log=server_cfg.log_level == "debug",
+        timeout_graceful_shutdown=5, timeout_keep_alive=30,
+    )  # fmt: skip
+    server = _Server(config, app.state.headrace)
+    server.run()
+    if "error" in outcome:
+        log.error("model failed to load: %s", outcome["error"])
+        return 1
+    return 0
+
+
+async def start_engine(
+    model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: SchedulerConfig, name: str
+) -> Any:
+    """Start an engine replica (its own process) and wait until its model is loaded."""
+    from headrace.engine.async_engine import AsyncEngine
+
+    return await AsyncEngine.start(model_cfg, cache_cfg, sched_cfg, served_model_name=name)
+
+
+def served_name(model: str | None) -> str:
+    """What clients put in `model` when --served-model-name is not given."""
+    if model is None:
+        return "gemma-3-270m"
+    path = Path(model)
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the app about a stop signal before it drains connections, so
+    that streams in flight end with an error event instead of holding the shutdown up."""
+
+    def __init__(self, config: uvicorn.Config, state: AppState) -> None:
+        super().__init__(config)
+        self.app_state = state
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        try:
+            asyncio.get_running_loop().call_soon_threadsafe(self.app_state.shutdown.set)
+        except RuntimeError:  # no loop running yet
+            self.app_state.shutdown.set()
+        super().handle_exit(sig, frame)
+
+    def bound_port(self) -> int:
+        for server in getattr(self, "servers", []):
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        return int(self.config.port)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
