@@ -8,10 +8,12 @@ tests use tiny random-weight Hugging Face models.
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Callable, Sequence
 
 import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from headrace.config import SchedulerConfig
 from headrace.engine.block_manager import BlockManager
@@ -205,3 +207,59 @@ def make_prompt_fixture() -> Callable[[int, int], list[int]]:
 @pytest.fixture(name="fake_reference")
 def fake_reference_fixture() -> Callable[..., list[int]]:
     return fake_reference
+
+
+_CORPUS = [
+    "Hello world, this is a small corpus for the tokenizer.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Stop strings are cut exactly. END of story.",
+    "numbers 12345 and more words here; the end.",
+]
+
+
+def make_sentencepiece_tokenizer() -> Tokenizer:
+    """A Llama/Gemma-style tokenizer: Metaspace word boundaries, BPE with byte fallback."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=150, special_tokens=["<pad>", "<eos>", "<bos>"], limit_alphabet=60
+    )
+    tok.train_from_iterator(_CORPUS * 10, trainer)
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    for byte in range(256):  # rare characters fall back to their UTF-8 bytes
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    spec["model"]["byte_fallback"] = True
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def make_byte_level_tokenizer() -> Tokenizer:
+    """A GPT-2-style tokenizer: byte-level BPE, multi-byte characters split across tokens."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_CORPUS * 10, trainer)
+    return tok
+
+
+@pytest.fixture(scope="session")
+def sp_tokenizer() -> Tokenizer:
+    return make_sentencepiece_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def byte_level_tokenizer() -> Tokenizer:
+    return make_byte_level_tokenizer()
