@@ -52,6 +52,10 @@ class Gateway(Protocol):
         """Raises GatewayError(401) for a missing or wrong key."""
         ...
 
+    def authorize_admin(self, headers: Mapping[str, str]) -> None:
+        """For /metrics: raises GatewayError(401) when an admin key is set and not given."""
+        ...
+
     def check(self, tenant: Tenant, model: str = "") -> None:
         """Cheap pre-check before tokenizing: raises GatewayError(429) when the tenant is at
         its concurrency limit or out of tokens, GatewayError(503) when the queue is full."""
@@ -85,6 +89,9 @@ class OpenGateway:
 
     def authenticate(self, headers: Mapping[str, str]) -> Tenant:
         return self.tenant
+
+    def authorize_admin(self, headers: Mapping[str, str]) -> None:
+        return None
 
     def check(self, tenant: Tenant, model: str = "") -> None:
         return None

@@ -143,13 +143,10 @@ class TenantGateway:
     ) -> None:
         if not isinstance(admission, Ticket) or admission.ticket not in self._open:
             return
-        tier = admission.tenant.tier
+        # Timings are recorded by the app's metrics (labelled by tier); here the request
+        # leaves the queue that wait estimates and bounds count.
         if self.shedder.dequeue(admission.ticket):
-            self.metrics.queued.labels(tier).dec()
-        if queue_time_s is not None:
-            self.metrics.queue_time.labels(tier).observe(queue_time_s)
-        if ttft_s is not None:
-            self.metrics.ttft.labels(tier).observe(ttft_s)
+            self.metrics.queued.labels(admission.tenant.tier).dec()
 
     def release(
         self, admission: Admission, used_tokens: int, finish_reason: str | None = None
