@@ -74,6 +74,24 @@ class ServerConfig:
     log_level: str = _f("info", "debug | info | warning | error")
 
 
+@dataclass(frozen=True)
+class GatewayConfig:
+    tenants: str | None = _f(None, "tenants file (.yaml or .toml): API keys, tiers, limits")
+    max_queued_requests: int | None = _f(
+        None, "most requests waiting to start at a priority and above; more get 503"
+    )
+    max_queued_tokens: int | None = _f(
+        None, "most tokens (prompt + max_tokens) waiting to start; more get 503"
+    )
+    admin_key: str | None = _f(None, "key that /metrics requires (or admin_key_sha256 in tenants)")
+
+    def __post_init__(self) -> None:
+        for name in ("max_queued_requests", "max_queued_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive")
+
+
 C = TypeVar("C")
 
 

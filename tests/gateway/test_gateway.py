@@ -97,3 +97,33 @@ def test_metrics_by_tenant_and_tier(gw: TenantGateway) -> None:
     assert value('headrace:gateway_tokens_total{tenant="bob",tier="free"}') == 150
     assert value('headrace:gateway_requests_in_flight{tenant="bob",tier="free"}') == 0
     assert value('headrace:gateway_requests_queued{tier="batch"}') == 0
+
+
+def test_build_and_connect(tenants_file: Path, tmp_path: Path) -> None:
+    from headrace.config import GatewayConfig
+    from headrace.engine.outputs import StepStats
+    from headrace.gateway.base import OpenGateway
+    from headrace.gateway.setup import build_gateway, connect_gateway
+    from headrace.gateway.tenants import TenantsFileError
+    from headrace.metrics.prometheus import Metrics
+
+    assert isinstance(build_gateway(GatewayConfig()), OpenGateway)
+    shedding = build_gateway(GatewayConfig(max_queued_requests=8))
+    assert isinstance(shedding, TenantGateway) and shedding.is_open
+    gw = build_gateway(GatewayConfig(tenants=str(tenants_file), admin_key="k"))
+    assert isinstance(gw, TenantGateway) and not gw.is_open and gw.protects_metrics
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tenants: {x: {tier: gold, api_key_sha256: []}}")
+    with pytest.raises(TenantsFileError, match="bad.yaml: tenants.x.tier"):
+        build_gateway(GatewayConfig(tenants=str(bad)))
+
+    class Engine:  # only stats() is read
+        def stats(self) -> StepStats:
+            return StepStats(step_duration=0.1, num_batched_tokens=50, num_waiting=2)
+
+    metrics = Metrics()
+    connect_gateway(gw, lambda: {"m": Engine()}, metrics)  # type: ignore[dict-item]
+    assert gw.shedder.throughput("m") == pytest.approx(500.0)
+    gw.admit(who(gw, "carol-key"), 3, 4, "m")
+    body, _ = metrics.render()
+    assert b'headrace:gateway_requests_admitted_total{tenant="carol",tier="free"} 1.0' in body

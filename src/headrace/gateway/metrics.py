@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from prometheus_client import Counter, Gauge
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 # Rejection reasons: a bad key, a tenant limit, refused at arrival (queue bound or expected
 # wait), and not started within the queue deadline (ended by the engine).
@@ -19,7 +20,7 @@ REASONS = ("auth", "rate_limit", "overloaded", "deadline")
 UNAUTHENTICATED = "unauthenticated"
 
 
-class GatewayMetrics:
+class GatewayMetrics(Collector):
     def __init__(self) -> None:
         self.admitted = Counter(
             "headrace:gateway_requests_admitted",
