@@ -151,3 +151,46 @@ def test_a_flooding_tenant_gets_no_more_than_its_share(fake_engine, make_prompt)
 def test_weighted_shares(fake_engine, make_prompt) -> None:
     served = _flood(fake_engine, make_prompt, FairQueue(), {"flood": 1.0, "calm": 2.0})
     assert served["calm"] / served["flood"] == pytest.approx(2.0, rel=0.2)
+
+
+def test_tiers_on_the_scheduler(fake_engine, make_prompt) -> None:
+    """Paid goes before every waiting free request; batch starts only when no more urgent
+    request is waiting; fair sharing among the free tenants does not change either."""
+    engine = fake_engine(queue=FairQueue(), max_num_seqs=3, max_num_batched_tokens=24)
+    tier = {}
+
+    def add(rid: str, tenant: str, priority: int, n: int) -> None:
+        tier[rid] = priority
+        engine.add(
+            rid,
+            make_prompt(len(tier), 5),
+            max_tokens=n,
+            ignore_eos=True,
+            temperature=0.0,
+            tenant=tenant,
+            priority=priority,
+        )
+
+    for i in range(8):
+        add(f"free{i}", f"f{i % 2}", 1, 20)
+    for i in range(4):
+        add(f"batch{i}", "b", 2, 5)
+    sched = engine.core.scheduler
+    started: dict[str, int] = {}
+    for step in range(400):
+        if step == 5:
+            add("paid", "p", 0, 5)
+        waiting_before = {r.request_id for r in sched.queue}
+        if not engine.core.has_work():
+            break
+        engine.step()
+        still_waiting = {r.request_id for r in sched.queue}
+        new = {s.request_id for s in engine.runner.steps[-1].scheduled} - set(started)
+        for rid in new:
+            started[rid] = step
+            # No request of a more urgent tier that was waiting was left waiting.
+            assert not {w for w in waiting_before & still_waiting if tier[w] < tier[rid]}, rid
+    assert len(engine.finished) == 13 and sched.blocks.num_used_blocks == 0
+    assert started["paid"] == 5  # admitted in the step right after it arrived (preempting)
+    assert all(started[f"free{i}"] > 5 for i in range(3, 8))  # earlier arrivals, still waiting
+    assert min(started[f"batch{i}"] for i in range(4)) > max(started[f"free{i}"] for i in range(8))
