@@ -9,6 +9,7 @@ tests use tiny random-weight Hugging Face models.
 from __future__ import annotations
 
 import json
+import time
 import zlib
 from collections.abc import Callable, Sequence
 
@@ -55,6 +56,8 @@ class FakeRunner:
         block_size: int = 4,
         max_model_len: int = 256,
         fail_when: Callable[[SchedulerOutput], bool] | None = None,
+        step_delay_s: float = 0.0,
+        tokenizer: object | None = None,
     ) -> None:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
@@ -64,9 +67,14 @@ class FakeRunner:
         self.steps: list[SchedulerOutput] = []
         self.owner: dict[int, str] = {}  # block -> the request that last wrote it
         self.fail_when = fail_when
+        self.step_delay_s = step_delay_s
+        self.tokenizer = tokenizer
+        self.model_name = "fake"
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.steps.append(out)
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         if self.fail_when is not None and self.fail_when(out):
             raise RuntimeError("injected failure")
         # A finished request's blocks are poisoned so that a stale read fails loudly.
@@ -263,3 +271,23 @@ def sp_tokenizer() -> Tokenizer:
 @pytest.fixture(scope="session")
 def byte_level_tokenizer() -> Tokenizer:
     return make_byte_level_tokenizer()
+
+
+class TokenizerAdapter:
+    """A `tokenizers.Tokenizer` with the interface of headrace.loader.tokenizer.Tokenizer."""
+
+    def __init__(self, tok: Tokenizer, eos_token_ids: tuple[int, ...] = (FAKE_EOS,)) -> None:
+        self.tok = tok
+        self.eos_token_ids = eos_token_ids
+        self.vocab_size = tok.get_vocab_size()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+
+@pytest.fixture
+def fake_tokenizer(sp_tokenizer: Tokenizer) -> TokenizerAdapter:
+    return TokenizerAdapter(sp_tokenizer)

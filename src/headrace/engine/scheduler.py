@@ -99,6 +99,10 @@ class Scheduler:
         self._pending.append(self._output(req, []))
         return True
 
+    def emit(self, output: RequestOutput) -> None:
+        """Report `output` with the next step (e.g. for a request refused at the door)."""
+        self._pending.append(output)
+
     def fail(self, out: SchedulerOutput, error: str) -> None:
         """The step failed: its requests end with `error`; the others keep going."""
         for s in out.scheduled:

@@ -1,0 +1,281 @@
+"""The asyncio front end of one model replica: the `EngineClient` the HTTP layer and the
+router use.
+
+The step loop runs elsewhere — a core process (default) or a thread — so model compute never
+blocks the event loop. The front end tokenizes, sends requests, and one receiver routes each
+step's outputs to per-request queues, detokenizing and applying stop strings on the way.
+Closing a request's iterator (client gone) aborts it in the core, which frees its blocks
+within one step; if the core dies, every open request ends with an error chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
+from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.core_loop import (
+    AbortRequests,
+    CoreFailed,
+    CoreOutputs,
+    CoreReady,
+    CoreSpec,
+    QueueFactory,
+    RunnerFactory,
+)
+from headrace.engine.engine_core import EngineCoreRequest
+from headrace.engine.outputs import RequestOutput, StepStats
+from headrace.engine.scheduler import check_fits
+from headrace.engine.text_stream import RequestTextStream
+from headrace.request import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class CoreConnection(Protocol):
+    """How the front end reaches its core: `core_proc.ProcessCore` or `core_thread.ThreadCore`.
+
+    `start` launches the core; every message it sends, `CoreReady` (or `CoreFailed`) first,
+    arrives through `on_message` on the event loop; `on_death` is called once if the core goes
+    away without being closed. `send` never blocks.
+    """
+
+    @property
+    def is_alive(self) -> bool: ...
+
+    def start(
+        self, on_message: Callable[[object], None], on_death: Callable[[str], None]
+    ) -> None: ...
+
+    def send(self, msg: object) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class _Stream:
+    core_id: str
+    text: RequestTextStream
+    chunks: asyncio.Queue[GenerationChunk] = field(default_factory=asyncio.Queue)
+
+
+class AsyncEngine:
+    """Use `await AsyncEngine.start(...)`; it returns once the model is loaded."""
+
+    def __init__(self, conn: CoreConnection) -> None:
+        self._conn = conn
+        self._streams: dict[str, _Stream] = {}  # by the caller's request id
+        self._by_core_id: dict[str, str] = {}  # core id -> caller's request id
+        self._ids = itertools.count()
+        self._stats = StepStats()
+        self._dead: str | None = None  # why the core is gone
+        self._closed = False
+        self._info: CoreReady | None = None
+        self._ready: asyncio.Future[CoreReady] = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    async def start(
+        cls,
+        model_config: ModelConfig | None = None,
+        cache_config: CacheConfig | None = None,
+        scheduler_config: SchedulerConfig | None = None,
+        *,
+        served_model_name: str | None = None,
+        in_process: bool = False,
+        queue_factory: QueueFactory | None = None,
+        runner_factory: RunnerFactory | None = None,
+        startup_timeout_s: float | None = None,
+    ) -> AsyncEngine:
+        """Start a replica's core (a process, or a thread with `in_process`) and wait for it.
+
+        `queue_factory` builds the core's WaitingQueue (e.g. `FairQueue`); `runner_factory`
+        replaces the model runner (tests). Both must be picklable for a process core.
+        """
+        spec = CoreSpec(
+            model_config or ModelConfig(),
+            cache_config or CacheConfig(),
+            scheduler_config or SchedulerConfig(),
+            queue_factory,
+            runner_factory,
+        )
+        conn: CoreConnection
+        if in_process:
+            from headrace.engine.core_thread import ThreadCore
+
+            conn = ThreadCore(spec, served_model_name)
+        else:
+            from headrace.engine.core_proc import ProcessCore
+
+            conn = ProcessCore(spec, served_model_name)
+        engine = cls(conn)
+        conn.start(engine._on_message, engine._on_death)
+        try:
+            engine._info = await asyncio.wait_for(asyncio.shield(engine._ready), startup_timeout_s)
+        except BaseException:
+            await conn.close()
+            raise
+        return engine
+
+    # -- EngineClient ---------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self._require_info().model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self._require_info().max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._require_info().tokenizer
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self._require_info().num_kv_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._require_info().block_size
+
+    @property
+    def is_healthy(self) -> bool:
+        return self._dead is None and not self._closed and self._conn.is_alive
+
+    @property
+    def num_open_requests(self) -> int:
+        return len(self._streams)
+
+    def stats(self) -> StepStats:
+        return self._stats
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        options: GenerateOptions | None = None,
+    ) -> AsyncIterator[GenerationChunk]:
+        """Stream one request's chunks; the last has a `finish_reason`.
+
+        Raises ValueError before yielding if the request can never fit or its id is in use.
+        """
+        info = self._require_info()
+        ids = self._encode(prompt)
+        check_fits(len(ids), params.max_tokens, info.max_model_len, self._capacity_tokens)
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        stream = _Stream(
+            core_id=f"{request_id}#{next(self._ids)}",  # unique even if the caller reuses ids
+            text=RequestTextStream(request_id, info.tokenizer, ids, params),
+        )
+        if not self.is_healthy:
+            yield stream.text.fail(self._dead or "the engine is shut down")
+            return
+        opts = options or GenerateOptions()
+        self._streams[request_id] = stream
+        self._by_core_id[stream.core_id] = request_id
+        self._conn.send(
+            EngineCoreRequest(
+                request_id=stream.core_id,
+                prompt_token_ids=ids,
+                params=params,
+                priority=opts.priority,
+                tenant=opts.tenant,
+                weight=opts.weight,
+                timeout_s=opts.timeout_s,
+                queue_timeout_s=opts.queue_timeout_s,
+            )
+        )
+        try:
+            while True:
+                chunk = await stream.chunks.get()
+                yield chunk
+                if chunk.finished:
+                    return
+        finally:
+            if not stream.text.finished:  # the caller left early: free the core's blocks
+                self._conn.send(AbortRequests([stream.core_id]))
+            self._forget(stream)
+
+    async def abort(self, request_id: str) -> None:
+        """End a request; its iterator (if still read) gets a final `abort` chunk."""
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            self._conn.send(AbortRequests([stream.core_id]))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._end_all("the engine is shutting down")
+        await self._conn.close()
+
+    # -- receiving --------------------------------------------------------------------------
+
+    def _on_message(self, msg: object) -> None:
+        if isinstance(msg, CoreOutputs):
+            self._stats = msg.stats
+            for out in msg.outputs:
+                self._route(out)
+        elif isinstance(msg, CoreReady):
+            if not self._ready.done():
+                self._ready.set_result(msg)
+        elif isinstance(msg, CoreFailed):
+            self._dead = "the model failed to load"
+            if not self._ready.done():
+                self._ready.set_exception(RuntimeError(f"engine core failed:\n{msg.error}"))
+
+    def _route(self, out: RequestOutput) -> None:
+        request_id = self._by_core_id.get(out.request_id)
+        stream = self._streams.get(request_id) if request_id is not None else None
+        if stream is None:
+            return  # a request already ended here (stop string, caller gone)
+        chunk = stream.text.process(out)
+        if chunk is None:
+            return
+        stream.chunks.put_nowait(chunk)
+        if chunk.finished:
+            if not out.finished:  # a stop string ended it here: the core does not know yet
+                self._conn.send(AbortRequests([stream.core_id]))
+            self._forget(stream)
+
+    def _on_death(self, reason: str) -> None:
+        log.error("%s", reason)
+        self._dead = reason
+        if not self._ready.done():
+            self._ready.set_exception(RuntimeError(reason))
+        self._end_all(reason)
+
+    def _end_all(self, reason: str) -> None:
+        for stream in list(self._streams.values()):
+            if not stream.text.finished:
+                stream.chunks.put_nowait(stream.text.fail(reason))
+            self._forget(stream)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _forget(self, stream: _Stream) -> None:
+        if self._streams.get(stream.text.request_id) is stream:
+            del self._streams[stream.text.request_id]
+        self._by_core_id.pop(stream.core_id, None)
+
+    def _encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self._require_info().tokenizer.encode(prompt, add_special_tokens=True))
+        return list(prompt)
+
+    @property
+    def _capacity_tokens(self) -> int:
+        info = self._require_info()
+        return info.num_kv_blocks * info.block_size
+
+    def _require_info(self) -> CoreReady:
+        if self._info is None:
+            raise RuntimeError("the engine has not started; use `await AsyncEngine.start(...)`")
+        return self._info

@@ -1,0 +1,169 @@
+"""An engine core in its own process ('spawn'), talking to the front end over ZeroMQ.
+
+Two PUSH/PULL pairs of ipc:// sockets in a private temp dir carry pickled messages (see
+`core_loop`). The front end binds both, so a core that dies and a new one that starts later
+need nothing but a new process; the front end learns of a death at once from the process
+sentinel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import traceback
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+
+from headrace.engine.core_loop import (
+    CoreFailed,
+    CoreSpec,
+    Shutdown,
+    ready_message,
+    run_core_loop,
+)
+
+log = logging.getLogger(__name__)
+
+_SHUTDOWN_GRACE_S = 5.0
+
+
+def core_process_main(
+    spec: CoreSpec, served_model_name: str | None, in_addr: str, out_addr: str, parent_pid: int
+) -> None:
+    """Entry point of the core process: load the model, report ready, serve until told."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when we stop
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s core %(levelname)s: %(message)s")
+    ctx = zmq.Context()
+    inbox = ctx.socket(zmq.PULL)
+    inbox.connect(in_addr)
+    outbox = ctx.socket(zmq.PUSH)
+    outbox.connect(out_addr)
+
+    def send(msg: object) -> None:
+        outbox.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def recv(timeout: float) -> list[object]:
+        msgs: list[object] = []
+        if inbox.poll(int(timeout * 1000)):
+            with contextlib.suppress(zmq.Again):
+                while True:
+                    msgs.append(pickle.loads(inbox.recv(zmq.NOBLOCK)))
+        return msgs
+
+    try:
+        try:
+            core = spec.build()
+        except BaseException:
+            send(CoreFailed(traceback.format_exc()))
+            return
+        send(ready_message(core, served_model_name))
+        run_core_loop(core, recv, send, should_stop=lambda: os.getppid() != parent_pid)
+    finally:
+        outbox.close(linger=1000)
+        inbox.close(linger=0)
+        ctx.term()
+
+
+class ProcessCore:
+    """The front end's side of a core process."""
+
+    def __init__(self, spec: CoreSpec, served_model_name: str | None = None) -> None:
+        self.spec = spec
+        self.served_model_name = served_model_name
+        self.proc: multiprocessing.process.BaseProcess | None = None
+        self._dir = tempfile.mkdtemp(prefix="headrace-core-")
+        self._sync_ctx = zmq.Context()
+        self._async_ctx = zmq.asyncio.Context()
+        self._inbox = self._sync_ctx.socket(zmq.PUSH)  # the core's inbox
+        self._outbox = self._async_ctx.socket(zmq.PULL)  # the core's outbox
+        self._recv_task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def is_alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def start(self, on_message: Callable[[object], None], on_death: Callable[[str], None]) -> None:
+        in_addr = f"ipc://{self._dir}/in"
+        out_addr = f"ipc://{self._dir}/out"
+        self._inbox.bind(in_addr)
+        self._outbox.bind(out_addr)
+        ctx = multiprocessing.get_context("spawn")
+        self.proc = ctx.Process(
+            target=core_process_main,
+            args=(self.spec, self.served_model_name, in_addr, out_addr, os.getpid()),
+            name="headrace-engine-core",
+            daemon=True,
+        )
+        self.proc.start()
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.proc.sentinel, self._on_exit, on_death)
+        self._recv_task = asyncio.create_task(self._receive(on_message))
+
+    def send(self, msg: object) -> None:
+        if self._closing or not self.is_alive:
+            return
+        try:
+            self._inbox.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("engine core is not taking messages; dropped %s", type(msg).__name__)
+
+    async def close(self) -> None:
+        if self._closing:
+            return
+        self.send(Shutdown())
+        self._closing = True
+        proc = self.proc
+        if proc is not None:
+            self._remove_reader()
+            await asyncio.to_thread(proc.join, _SHUTDOWN_GRACE_S)
+            if proc.is_alive():
+                log.warning("engine core did not stop in %.0f s; killing it", _SHUTDOWN_GRACE_S)
+                proc.kill()
+                await asyncio.to_thread(proc.join, _SHUTDOWN_GRACE_S)
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recv_task
+        self._inbox.close(linger=0)
+        self._outbox.close(linger=0)
+        self._sync_ctx.term()
+        self._async_ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    async def _receive(self, on_message: Callable[[object], None]) -> None:
+        while True:
+            data = await self._outbox.recv()
+            try:
+                msg = pickle.loads(data)
+            except Exception:
+                log.exception("engine core sent an unreadable message")
+                continue
+            on_message(msg)
+
+    def _on_exit(self, on_death: Callable[[str], None]) -> None:
+        self._remove_reader()
+        if self._closing:
+            return
+        assert self.proc is not None
+        self.proc.join(0)
+        on_death(f"the engine core process exited (code {self.proc.exitcode})")
+
+    def _remove_reader(self) -> None:
+        if self._loop is not None and self.proc is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self.proc.sentinel)

@@ -1,0 +1,156 @@
+"""AsyncEngine with its core in a thread, on the fake runner: streaming, cancellation, aborts,
+failed steps, deadlines, shutdown. (Process cores and real models: test_engine_real.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
+from headrace.engine.async_engine import AsyncEngine
+from headrace.engine.client import GenerateOptions
+from headrace.engine.llm import LLM
+from headrace.request import FinishReason, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+async def _start(fake_runner, tokenizer, sched: SchedulerConfig | None = None, **runner_kw):
+    runner = fake_runner(tokenizer=tokenizer, **runner_kw)
+    engine = await AsyncEngine.start(
+        ModelConfig(), CacheConfig(), sched or SchedulerConfig(),
+        in_process=True, runner_factory=lambda m, c: runner,
+    )  # fmt: skip
+    return engine, runner
+
+
+async def _collect(engine, rid, prompt, params, options=None):
+    return [c async for c in engine.generate(rid, prompt, params, options)]
+
+
+async def _until(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def test_streams_equal_offline_generation_and_cut_stop_strings(fake_runner, fake_tokenizer):
+    prompts = ["Hello world, the quick", "Stop strings are", "numbers 12345"]
+    offline = LLM(runner=fake_runner(tokenizer=fake_tokenizer)).generate(prompts, GREEDY)
+
+    async def main():
+        engine, _ = await _start(fake_runner, fake_tokenizer)
+        try:
+            runs = await asyncio.gather(
+                *(_collect(engine, f"r{i}", p, GREEDY) for i, p in enumerate(prompts))
+            )
+            # A stop string taken from the middle of the greedy text cuts it exactly there.
+            text = offline[0].text
+            stop = text[len(text) // 2 : len(text) // 2 + 2]
+            params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=(stop,))
+            stopped = await _collect(engine, "stop", prompts[0], params)
+            await _until(lambda: engine.stats().num_running == 0)
+            return runs, stopped, engine.stats()
+        finally:
+            await engine.close()
+
+    runs, stopped, stats = asyncio.run(main())
+    for chunks, want in zip(runs, offline, strict=True):
+        assert "".join(c.text for c in chunks) == want.text
+        assert [t for c in chunks for t in c.token_ids] == want.token_ids
+        assert chunks[-1].finish_reason is FinishReason.LENGTH
+        assert chunks[-1].completion_tokens == 12 and chunks[-1].prompt_tokens > 0
+    text = offline[0].text
+    assert "".join(c.text for c in stopped) == text[: text.index(text[len(text) // 2 :][:2])]
+    assert stopped[-1].finish_reason is FinishReason.STOP
+    assert stats.kv_blocks_used == 0
+
+
+def test_closing_the_iterator_aborts_and_frees_blocks(fake_runner, fake_tokenizer):
+    async def main():
+        engine, _ = await _start(fake_runner, fake_tokenizer, step_delay_s=0.01)
+        try:
+            params = SamplingParams(max_tokens=200, ignore_eos=True)
+            gen = engine.generate("long", "Hello world", params)
+            async for chunk in gen:
+                if chunk.completion_tokens >= 3:
+                    break
+            assert engine.stats().kv_blocks_used > 0
+            await gen.aclose()
+            t0 = time.monotonic()
+            await _until(lambda: engine.stats().kv_blocks_used == 0, timeout=1.0)
+            freed_after = time.monotonic() - t0
+            assert engine.stats().num_running == 0
+            # The id is free again at once.
+            again = await _collect(engine, "long", "Hello", GREEDY)
+            return freed_after, again
+        finally:
+            await engine.close()
+
+    freed_after, again = asyncio.run(main())
+    assert freed_after < 0.1  # within a step or two (10 ms each)
+    assert again[-1].finish_reason is FinishReason.LENGTH
+
+
+def test_abort_timeout_and_refusal(fake_runner, fake_tokenizer):
+    async def main():
+        engine, _ = await _start(fake_runner, fake_tokenizer, step_delay_s=0.005)
+        try:
+            long = SamplingParams(max_tokens=200, ignore_eos=True)
+            gen = engine.generate("a", "Hello", long)
+            first = await anext(gen)
+            await engine.abort("a")
+            rest = [c async for c in gen]
+            timed = await _collect(engine, "t", "Hello", long, GenerateOptions(timeout_s=0.05))
+            with pytest.raises(ValueError, match="context of 256 tokens"):
+                await _collect(engine, "big", "Hello", SamplingParams(max_tokens=1000))
+            return first, rest, timed
+        finally:
+            await engine.close()
+
+    first, rest, timed = asyncio.run(main())
+    assert first.finish_reason is None
+    assert rest[-1].finish_reason is FinishReason.ABORT
+    assert timed[-1].finish_reason is FinishReason.TIMEOUT
+    assert 3 <= timed[-1].completion_tokens < 200
+
+
+def test_a_failed_step_errors_its_requests_and_serving_goes_on(fake_runner, fake_tokenizer):
+    poison = fake_tokenizer.encode("quick")[-1]
+
+    def fail_when(out):
+        return any(poison in s.token_ids for s in out.scheduled)
+
+    async def main():
+        engine, _ = await _start(fake_runner, fake_tokenizer, fail_when=fail_when)
+        try:
+            bad = await _collect(engine, "bad", "the quick fox", GREEDY)
+            good = await _collect(engine, "good", "Hello world", GREEDY)
+            return bad, good, engine.is_healthy, engine.stats()
+        finally:
+            await engine.close()
+
+    bad, good, healthy, stats = asyncio.run(main())
+    assert bad[-1].finish_reason is FinishReason.ERROR and "injected failure" in bad[-1].error
+    assert good[-1].finish_reason is FinishReason.LENGTH
+    assert healthy and stats.kv_blocks_used == 0
+
+
+def test_stats_arrive_while_idle_and_close_ends_open_streams(fake_runner, fake_tokenizer):
+    async def main():
+        engine, _ = await _start(fake_runner, fake_tokenizer, step_delay_s=0.005)
+        idle = engine.stats()
+        await asyncio.sleep(0.6)  # an idle core reports every 0.5 s
+        assert engine.stats() is not idle and engine.stats().num_running == 0
+        gen = engine.generate("open", "Hello", SamplingParams(max_tokens=200, ignore_eos=True))
+        await anext(gen)
+        await engine.close()
+        rest = [c async for c in gen]
+        return rest, engine.is_healthy
+
+    rest, healthy = asyncio.run(main())
+    assert rest[-1].finish_reason is FinishReason.ERROR
+    assert not healthy
