@@ -59,7 +59,9 @@ async def health(request: Request) -> JSONResponse:
 
 
 async def metrics_route(request: Request) -> Response:
-    body, content_type = app_state(request).metrics.render()
+    state = app_state(request)
+    state.gateway.authorize_admin(request.headers)
+    body, content_type = state.metrics.render()
     return Response(body, media_type=content_type)
 
 

@@ -102,7 +102,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    err = APIError(exc.status_code, str(exc.detail), headers=exc.headers)
+    err = APIError(exc.status_code, str(exc.detail), code=exc.status_code, headers=exc.headers)
     return err.response()
 
 

@@ -1,0 +1,34 @@
+"""API test fixtures: one tiny-model `headrace serve` for the whole suite."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.helpers import Server, make_tiny_llama, start_server, tiny_server_args
+
+
+@pytest.fixture(scope="session")
+def api_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("api") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def api_server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One tiny-model server for the whole API suite; it must stop cleanly (exit code 0)."""
+    server = start_server(tiny_server_args(api_model_dir), tmp_path_factory.mktemp("logs"))
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        code = server.stop()
+    assert code == 0, server.log()
+
+
+@pytest.fixture
+def client(api_server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=api_server.url, timeout=60) as c:
+        yield c
