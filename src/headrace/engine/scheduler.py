@@ -14,6 +14,7 @@ from collections.abc import Callable
 from headrace.config import SchedulerConfig
 from headrace.engine.admission import make_admission
 from headrace.engine.block_manager import BlockManager, blocks_for
+from headrace.engine.fair_queue import FairQueue
 from headrace.engine.outputs import (
     RequestOutput,
     RunnerOutput,
@@ -23,7 +24,7 @@ from headrace.engine.outputs import (
     TokenLogprobs,
 )
 from headrace.engine.stop_checker import check_stop
-from headrace.engine.waiting_queue import PriorityQueue, WaitingQueue
+from headrace.engine.waiting_queue import WaitingQueue
 from headrace.request import Request, RequestStatus
 
 # Admission keeps this share of the pool free so that running requests can grow a block
@@ -66,7 +67,9 @@ class Scheduler:
         self.config = config
         self.blocks = block_manager
         self.max_model_len = max_model_len
-        self.queue: WaitingQueue = queue if queue is not None else PriorityQueue()
+        # Fair sharing between tenants within a priority; with one tenant it is exactly
+        # priority-then-arrival order (PriorityQueue).
+        self.queue: WaitingQueue = queue if queue is not None else FairQueue()
         self.clock = clock
         self.admission = make_admission(config)
         self.requests: dict[str, Request] = {}  # every unfinished request
