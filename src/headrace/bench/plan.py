@@ -182,8 +182,8 @@ def render_plan(plan: Plan, points: list[Point], slo: Slo) -> str:
     ]
     header = ("load", "out tok/s", "TTFT p95 ms", "TPOT p95 ms", "failed", "meets SLO")
     lines = [
-        f"measured ({plan.source}); SLO: TTFT p95 <= {plan.slo_ttft_s} s, "
-        f"TPOT p95 <= {plan.slo_tpot_s} s, errors <= {plan.max_error_share:.0%}",
+        f"measured ({plan.source}); SLO: TTFT p95 <= {_limit(plan.slo_ttft_s)}, "
+        f"TPOT p95 <= {_limit(plan.slo_tpot_s)}, errors <= {plan.max_error_share:.0%}",
         format_table(rows, header),
         "",
         f"per replica: {plan.per_replica_tokens_per_s:.1f} output tokens/s within the SLO "
@@ -196,6 +196,10 @@ def render_plan(plan: Plan, points: list[Point], slo: Slo) -> str:
         )
     lines += ["", f"note: {WARMUP_CAVEAT}"]
     return "\n".join(lines)
+
+
+def _limit(seconds: float | None) -> str:
+    return "(no limit)" if seconds is None else f"{seconds:g} s"
 
 
 def _ms(value: float | None) -> str:

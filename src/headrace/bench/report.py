@@ -103,6 +103,10 @@ def _ms(value: Any) -> str:
     return "-" if value is None else f"{value * 1000:.0f}"
 
 
+def _limit(seconds: float | None) -> str:
+    return "(no limit)" if seconds is None else f"{seconds:g} s"
+
+
 def _level(mode: str, level: float) -> str:
     return f"{level:g} req/s" if mode == "rate" else f"{level:g} streams"
 
@@ -150,8 +154,8 @@ def render(doc: dict[str, Any]) -> str:
     slo = doc["config"]["slo"]
     out = [
         f"{doc['target']['url']} ({doc['target']['api']}, model {doc['target']['model']}), "
-        f"workload {doc['config']['workload']['kind']}, SLO TTFT {slo['ttft_s']} s, "
-        f"TPOT {slo['tpot_s']} s",
+        f"workload {doc['config']['workload']['kind']}, "
+        f"goodput SLO: TTFT <= {_limit(slo['ttft_s'])}, TPOT <= {_limit(slo['tpot_s'])}",
         format_table([table_rows(_level(r["mode"], r["level"]), r["summary"]) for r in runs]),
     ]
     for group in ("by_tier", "by_tenant"):

@@ -128,9 +128,10 @@ async def _measure(args: argparse.Namespace, slo: Slo) -> list[Point]:
         result = await run_level(target, workload, "rate", rate, bounds, arrivals=args.arrivals)
         runs.append(run_document(result, slo))
         point = Point.from_run(runs[-1])
+        ttft = "-" if point.ttft_p95 is None else f"{point.ttft_p95:.3f} s"
         print(
             f"probe {len(runs)}: {rate:g} req/s -> {point.output_tokens_per_s:.1f} tok/s, "
-            f"TTFT p95 {point.ttft_p95}, failed {point.failed}/{point.requests}",
+            f"TTFT p95 {ttft}, failed {point.failed}/{point.requests}",
             file=sys.stderr,
         )
         return point
