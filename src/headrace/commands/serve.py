@@ -23,6 +23,7 @@ from headrace.api.app import build_app
 from headrace.api.state import AppState
 from headrace.config import (
     CacheConfig,
+    GatewayConfig,
     ModelConfig,
     SchedulerConfig,
     ServerConfig,
@@ -30,12 +31,13 @@ from headrace.config import (
     config_from_args,
 )
 from headrace.gateway.base import Gateway, OpenGateway
+from headrace.gateway.setup import build_gateway, connect_gateway
 
 log = logging.getLogger("headrace.serve")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    for cls in (ModelConfig, CacheConfig, SchedulerConfig, ServerConfig):
+    for cls in (ModelConfig, CacheConfig, SchedulerConfig, ServerConfig, GatewayConfig):
         add_config_args(parser, cls)
 
 
@@ -45,7 +47,12 @@ def run(args: argparse.Namespace) -> int:
     model_cfg = config_from_args(ModelConfig, args)
     cache_cfg = config_from_args(CacheConfig, args)
     sched_cfg = config_from_args(SchedulerConfig, args)
-    return serve(model_cfg, cache_cfg, sched_cfg, server_cfg)
+    try:  # a bad tenants file stops the server before it loads anything
+        gateway = build_gateway(config_from_args(GatewayConfig, args))
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    return serve(model_cfg, cache_cfg, sched_cfg, server_cfg, gateway)
 
 
 def serve(
@@ -81,6 +88,8 @@ def serve(
         return {name: engine}
 
     app = build_app({}, gateway or OpenGateway(), server_cfg, loader=load)
+    state = app.state.headrace
+    connect_gateway(state.gateway, lambda: state.engines, state.metrics)
     config = uvicorn.Config(
         app, host=server_cfg.host, port=server_cfg.port, workers=1, lifespan="on",
         log_level=server_cfg.log_level, access_log=server_cfg.log_level == "debug",
