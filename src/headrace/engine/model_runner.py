@@ -1,0 +1,166 @@
+"""Loads a model, owns its paged KV pool, and computes one scheduled step at a time."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headrace.config import CacheConfig, ModelConfig
+from headrace.engine.kv_cache import KVCache, blocks_for_budget
+from headrace.engine.outputs import RunnerOutput, SchedulerOutput, TokenLogprobs
+from headrace.engine.sampler import Sampler
+from headrace.engine.step_inputs import build_step_inputs
+from headrace.loader.cache import resolve_model
+from headrace.loader.hf import load_model, read_json
+from headrace.loader.tokenizer import Tokenizer
+from headrace.models.base import CausalLM
+
+log = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def load_tokenizer(model_dir: Path) -> Tokenizer:
+    config_path = model_dir / "tokenizer_config.json"
+    config = read_json(config_path, "tokenizer config") if config_path.is_file() else None
+    return Tokenizer.from_file(model_dir / "tokenizer.json", config)
+
+
+def generation_eos_ids(model_dir: Path) -> tuple[int, ...]:
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return ()
+    eos = read_json(path, "generation config").get("eos_token_id")
+    return () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig) -> None:
+        if model_config.num_threads:
+            torch.set_num_threads(model_config.num_threads)
+        device = pick_device(model_config.device)
+        dtype = pick_dtype(model_config.dtype, device)
+        model_dir, name = resolve_model(model_config.model)
+        tokenizer = load_tokenizer(model_dir)
+        cap = model_config.max_model_len or 1 << 40
+        model, _ = load_model(model_dir, dtype, device, cap)
+        self._setup(
+            model,
+            tokenizer,
+            cache_config,
+            max_model_len=min(cap, model.args.max_position_embeddings),
+            model_name=model_config.served_model_name or name,
+            extra_eos=generation_eos_ids(model_dir),
+        )
+
+    @classmethod
+    def from_parts(
+        cls,
+        model: CausalLM,
+        tokenizer: Tokenizer,
+        cache_config: CacheConfig | None = None,
+        max_model_len: int | None = None,
+        model_name: str = "model",
+    ) -> ModelRunner:
+        """A runner around an already loaded model (tests build several from one load)."""
+        runner = cls.__new__(cls)
+        cap = min(max_model_len or 1 << 40, model.args.max_position_embeddings)
+        runner._setup(model, tokenizer, cache_config or CacheConfig(), cap, model_name, ())
+        return runner
+
+    def _setup(
+        self,
+        model: CausalLM,
+        tokenizer: Tokenizer,
+        cache_config: CacheConfig,
+        max_model_len: int,
+        model_name: str,
+        extra_eos: tuple[int, ...],
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        weight = model.embed_weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.vocab_size = model.args.vocab_size
+        self.block_size = cache_config.block_size
+        self.num_kv_blocks = cache_config.num_kv_blocks or blocks_for_budget(
+            model.args, self.block_size, self.dtype, cache_config.kv_cache_memory_gb
+        )
+        self.kv_cache = KVCache(
+            model.args, self.num_kv_blocks, self.block_size, self.dtype, self.device
+        )
+        eos = model.args.eos_token_ids + extra_eos + tokenizer.eos_token_ids
+        self.eos_token_ids = tuple(dict.fromkeys(i for i in eos if 0 <= i < self.vocab_size))
+        self.sampler = Sampler()
+        log.info(
+            "runner ready: %s, %d KV blocks of %d tokens (%.2f GiB), max_model_len %d",
+            model_name,
+            self.num_kv_blocks,
+            self.block_size,
+            self.kv_cache.nbytes / (1 << 30),
+            max_model_len,
+        )
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        if out.is_empty:
+            return RunnerOutput(sampled={})
+        self._validate(out)
+        inputs = build_step_inputs(
+            out.scheduled, self.block_size, self.model.args.windows, self.device
+        )
+        with torch.inference_mode():
+            hidden = self.model(
+                inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta
+            )  # [T, H]
+            if not inputs.sampled:
+                return RunnerOutput(sampled={})
+            logits = self.model.compute_logits(hidden[inputs.sample_rows])  # [S, V]
+            tokens, logprobs = self.sampler(logits, inputs.sampled)
+        ids = [r.request_id for r in inputs.sampled]
+        lps: dict[str, TokenLogprobs] = {
+            i: lp for i, lp in zip(ids, logprobs, strict=True) if lp is not None
+        }
+        return RunnerOutput(sampled=dict(zip(ids, tokens, strict=True)), logprobs=lps)
+
+    def _validate(self, out: SchedulerOutput) -> None:
+        for req in out.scheduled:
+            if req.start_pos + len(req.token_ids) > self.max_model_len:
+                raise ValueError(
+                    f"request {req.request_id}: position {req.start_pos + len(req.token_ids) - 1}"
+                    f" is past max_model_len {self.max_model_len}"
+                )
+            if (
+                req.token_ids
+                and not 0 <= min(req.token_ids) <= max(req.token_ids) < self.vocab_size
+            ):
+                raise ValueError(
+                    f"request {req.request_id}: token id outside [0, {self.vocab_size})"
+                )
+            if any(not 0 <= b < self.num_kv_blocks for b in req.block_ids):
+                raise ValueError(f"request {req.request_id}: block id outside the KV pool")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "num_kv_blocks": self.num_kv_blocks,
+            "block_size": self.block_size,
+            "max_model_len": self.max_model_len,
+        }

@@ -1,0 +1,113 @@
+"""Per-request sampling in one batch: greedy, temperature, top-k, top-p, seeds, logprobs.
+
+A draw is inverse-CDF sampling with one uniform number per request. For a seeded request that
+number is a hash of (seed, num_output_tokens), so the same request gives the same tokens whatever
+else shares its batch, and again after preemption and recompute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+
+import torch
+
+from headrace.engine.outputs import ScheduledRequest, TokenLogprobs
+
+
+def seeded_uniform(seed: int, step: int) -> float:
+    """A number in [0, 1) fixed by (seed, step)."""
+    digest = hashlib.sha256(f"headrace:{seed}:{step}".encode()).digest()
+    return (int.from_bytes(digest[:8], "little") >> 11) / float(1 << 53)
+
+
+class Sampler:
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = random.Random(seed)  # for requests without a seed
+
+    def __call__(
+        self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]
+    ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """logits [S, V] float32, one row per request -> chosen token ids and logprobs."""
+        tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
+        greedy = [i for i, r in enumerate(requests) if r.params.greedy]
+        drawn = [i for i, r in enumerate(requests) if not r.params.greedy]
+        if greedy:
+            rows = torch.tensor(greedy, device=logits.device)
+            tokens[rows] = logits[rows].argmax(dim=-1)
+        if drawn:
+            rows = torch.tensor(drawn, device=logits.device)
+            tokens[rows] = self._draw(logits[rows], [requests[i] for i in drawn])
+        chosen = tokens.tolist()
+        return chosen, _logprobs(logits, requests, chosen)
+
+    def _draw(self, logits: torch.Tensor, reqs: list[ScheduledRequest]) -> torch.Tensor:
+        """logits [R, V] -> token ids [R]."""
+        device = logits.device
+        temps = torch.tensor([r.params.temperature for r in reqs], device=device)
+        x = logits / temps[:, None]
+        x = _top_k(x, [r.params.top_k for r in reqs])
+        x = _top_p(x, [r.params.top_p for r in reqs])
+        probs = torch.softmax(x, dim=-1)  # [R, V]
+        cdf = probs.cumsum(dim=-1)
+        u = torch.tensor([self._uniform(r) for r in reqs], device=device, dtype=cdf.dtype)
+        target = (u * cdf[:, -1])[:, None]  # [R, 1]
+        idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first cdf > target: p > 0
+        # Rounding can push the target to the very end; fall back to the likeliest token.
+        return torch.where(idx >= probs.shape[1], probs.argmax(dim=-1), idx)
+
+    def _uniform(self, req: ScheduledRequest) -> float:
+        if req.params.seed is None:
+            return self._rng.random()
+        return seeded_uniform(req.params.seed, req.num_output_tokens)
+
+
+def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """Keep each row's k largest (ties at the k-th kept); k = 0 keeps all."""
+    vocab = x.shape[1]
+    if not any(0 < k < vocab for k in ks):
+        return x
+    k_max = max(k for k in ks if 0 < k < vocab)
+    top = torch.topk(x, k_max, dim=-1).values  # [R, k_max]
+    k_idx = torch.tensor([min(k, k_max) - 1 if 0 < k < vocab else k_max - 1 for k in ks])
+    kth = top.gather(1, k_idx.to(x.device)[:, None])  # [R, 1]
+    active = torch.tensor([0 < k < vocab for k in ks], device=x.device)[:, None]
+    return x.masked_fill(active & (x < kth), float("-inf"))
+
+
+def _top_p(x: torch.Tensor, ps: list[float]) -> torch.Tensor:
+    """Keep each row's smallest set of likeliest tokens whose mass reaches p (at least one)."""
+    rows = [i for i, p in enumerate(ps) if p < 1.0]
+    if not rows:
+        return x
+    x = x.clone()
+    sub = x[rows]  # [R', V]
+    sorted_x, order = sub.sort(dim=-1, descending=True)
+    probs = torch.softmax(sorted_x, dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # exclusive cumulative mass
+    p = torch.tensor([ps[i] for i in rows], device=x.device, dtype=probs.dtype)[:, None]
+    drop_sorted = mass_before >= p
+    drop_sorted[:, 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+    x[rows] = sub.masked_fill(drop, float("-inf"))
+    return x
+
+
+def _logprobs(
+    logits: torch.Tensor, requests: Sequence[ScheduledRequest], chosen: list[int]
+) -> list[TokenLogprobs | None]:
+    """Chosen token's logprob and the top-N alternatives, from the raw logits (as OpenAI)."""
+    out: list[TokenLogprobs | None] = [None] * len(requests)
+    wanted = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+    if not wanted:
+        return out
+    lp = torch.log_softmax(logits[wanted].float(), dim=-1)  # [W, V]
+    for row, i in enumerate(wanted):
+        n = requests[i].params.logprobs or 0
+        top: list[tuple[int, float]] = []
+        if n:
+            values, ids = lp[row].topk(n)
+            top = list(zip(ids.tolist(), values.tolist(), strict=True))
+        out[i] = TokenLogprobs(chosen[i], float(lp[row, chosen[i]]), top)
+    return out

@@ -1,0 +1,132 @@
+"""Turn a `SchedulerOutput` into the tensors of one forward pass.
+
+Rows of the flattened batch: first every single-token request (decodes, batched together in
+attention), then each multi-token chunk. Everything per step — slots, block tables, masks — is
+computed here once and shared by all layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from headrace.engine.outputs import ScheduledRequest
+from headrace.layers.attention import AttentionMetadata, KVView, PrefillChunk, Window
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor  # [S] int64: row of each sampled request's last token
+    sampled: list[ScheduledRequest]  # the requests behind sample_rows, same order
+
+
+def build_step_inputs(
+    scheduled: Sequence[ScheduledRequest],
+    block_size: int,
+    windows: Sequence[Window],
+    device: torch.device,
+) -> StepInputs:
+    decodes = [s for s in scheduled if len(s.token_ids) == 1]
+    chunks = [s for s in scheduled if len(s.token_ids) > 1]
+    ordered = decodes + chunks
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    sample_rows: list[int] = []
+    sampled: list[ScheduledRequest] = []
+    prefills: list[PrefillChunk] = []
+    for req in ordered:
+        start = len(ids)
+        n = len(req.token_ids)
+        _check_blocks(req, block_size)
+        ids.extend(req.token_ids)
+        for pos in range(req.start_pos, req.start_pos + n):
+            positions.append(pos)
+            slots.append(req.block_ids[pos // block_size] * block_size + pos % block_size)
+        if n > 1:
+            views = {w: v for w in windows if (v := _prefill_view(req, block_size, w, device))}
+            prefills.append(PrefillChunk(start, start + n, views))
+        if req.sample:
+            sample_rows.append(start + n - 1)
+            sampled.append(req)
+    meta = AttentionMetadata(
+        slot_mapping=_tensor(slots, device),
+        num_decodes=len(decodes),
+        decode_views=_decode_views(decodes, block_size, windows, device) if decodes else {},
+        prefills=prefills,
+    )
+    return StepInputs(
+        _tensor(ids, device),
+        _tensor(positions, device),
+        meta,
+        _tensor(sample_rows, device),
+        sampled,
+    )
+
+
+def _tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def _check_blocks(req: ScheduledRequest, block_size: int) -> None:
+    end = req.start_pos + len(req.token_ids)
+    if len(req.block_ids) * block_size < end:
+        raise ValueError(
+            f"request {req.request_id}: {len(req.block_ids)} blocks cannot hold {end} tokens"
+        )
+
+
+def _first_block(first_query_pos: int, block_size: int, window: Window) -> int:
+    """The first block any query of a sequence can see under `window`."""
+    if window is None:
+        return 0
+    return max(0, first_query_pos - window + 1) // block_size
+
+
+def _decode_views(
+    decodes: list[ScheduledRequest],
+    block_size: int,
+    windows: Sequence[Window],
+    device: torch.device,
+) -> dict[Window, KVView]:
+    """For each window: padded block tables [B, nb] and masks [B, 1, 1, nb * bs]."""
+    last = torch.tensor([d.start_pos for d in decodes], dtype=torch.int64)  # query positions
+    views: dict[Window, KVView] = {}
+    for window in windows:
+        firsts = [_first_block(d.start_pos, block_size, window) for d in decodes]
+        rows = [
+            d.block_ids[f : d.start_pos // block_size + 1]
+            for d, f in zip(decodes, firsts, strict=True)
+        ]
+        width = max(len(r) for r in rows)
+        table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int64)
+        offsets = torch.arange(width * block_size, dtype=torch.int64)
+        pos = torch.tensor(firsts, dtype=torch.int64)[:, None] * block_size + offsets  # [B, L]
+        mask = pos <= last[:, None]
+        if window is not None:
+            mask &= pos > last[:, None] - window
+        views[window] = KVView(table.to(device), mask[:, None, None, :].to(device))
+    return views
+
+
+def _prefill_view(
+    req: ScheduledRequest, block_size: int, window: Window, device: torch.device
+) -> KVView | None:
+    """Cache view of one chunk, or None when causal attention over the chunk itself suffices."""
+    s, n = req.start_pos, len(req.token_ids)
+    if s == 0 and (window is None or n <= window):
+        return None
+    first = _first_block(s, block_size, window)
+    last_block = (s + n - 1) // block_size
+    table = torch.tensor(req.block_ids[first : last_block + 1], dtype=torch.int64)
+    kv_pos = first * block_size + torch.arange(len(table) * block_size)  # [L]
+    q_pos = torch.arange(s, s + n)[:, None]  # [n, 1]
+    mask = kv_pos[None, :] <= q_pos
+    if window is not None:
+        mask &= kv_pos[None, :] > q_pos - window
+    return KVView(table.to(device), mask.to(device))

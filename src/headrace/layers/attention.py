@@ -1,0 +1,127 @@
+"""Paged attention in plain torch.
+
+The KV pool of one layer is `[num_blocks, block_size, num_kv_heads, head_dim]`; a sequence's
+tokens live in the blocks of its block table. Each step, new K/V go to their slots, then:
+
+* all single-token queries (decodes) attend in one batched call over their gathered blocks,
+  masked by context length (and window);
+* each multi-token chunk (prefill) attends on its own with `scaled_dot_product_attention`.
+
+`AttentionMetadata` is built once per step (see `engine/step_inputs.py`) and shared by layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+Window = int | None  # None: full attention
+
+
+@dataclass
+class KVView:
+    """Which cache blocks a query group reads, and which of their slots it may see."""
+
+    block_table: torch.Tensor  # [B, num_blocks] (decode) or [num_blocks] (prefill), int64
+    mask: torch.Tensor | None  # bool, True = attend: [B, 1, 1, L] (decode) or [q_len, L] (prefill)
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence computing several tokens at once."""
+
+    start: int  # first row of the chunk in the flattened batch
+    end: int
+    # window -> view over the cache; absent when the chunk attends only to itself causally
+    views: dict[Window, KVView] = field(default_factory=dict)
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64: cache slot (block * block_size + offset) per token
+    num_decodes: int  # rows [0, num_decodes) of the batch are single-token queries
+    decode_views: dict[Window, KVView]
+    prefills: list[PrefillChunk]
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Store k, v [T, Hkv, D] into the pools [N, bs, Hkv, D] at the given flat slots [T]."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: Window,
+) -> torch.Tensor:
+    """q [T, Hq, D], k/v [T, Hkv, D] of this step -> output [T, Hq * D]."""
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    out = torch.empty_like(q)  # [T, Hq, D]
+    nd = meta.num_decodes
+    if nd:
+        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta.decode_views[window], scale)
+    for chunk in meta.prefills:
+        rows = slice(chunk.start, chunk.end)
+        view = chunk.views.get(window)
+        out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, view, scale)
+    return out.flatten(1)
+
+
+def _gather(cache: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """cache [N, bs, Hkv, D], table [..., nb] -> [..., Hkv, nb * bs, D]."""
+    blocks = cache[table]  # [..., nb, bs, Hkv, D]
+    lead = blocks.shape[:-4]
+    flat = blocks.reshape(*lead, -1, *cache.shape[2:])  # [..., L, Hkv, D]
+    return flat.transpose(-3, -2)
+
+
+def _decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, view: KVView, scale: float
+) -> torch.Tensor:
+    """q [B, Hq, D] -> [B, Hq, D]: one query per sequence, all sequences in one call."""
+    b, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    keys = _gather(k_cache, view.block_table)  # [B, Hkv, L, D]
+    values = _gather(v_cache, view.block_table)
+    # The query heads sharing a KV head become that head's query rows: no KV repeat needed.
+    qg = q.view(b, hkv, hq // hkv, d)  # [B, Hkv, G, D]
+    o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=view.mask, scale=scale)
+    return o.reshape(b, hq, d)
+
+
+def _prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    view: KVView | None,
+    scale: float,
+) -> torch.Tensor:
+    """q [n, Hq, D] of one sequence -> [n, Hq, D]."""
+    qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+    gqa = q.shape[1] != k.shape[1]
+    if view is None:  # the chunk starts the sequence and fits its window: plain causal
+        kh, vh = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=gqa)
+    else:
+        kh = _gather(k_cache, view.block_table).unsqueeze(0)  # [1, Hkv, L, D]
+        vh = _gather(v_cache, view.block_table).unsqueeze(0)
+        o = F.scaled_dot_product_attention(
+            qh, kh, vh, attn_mask=view.mask, scale=scale, enable_gqa=gqa
+        )
+    return o.squeeze(0).transpose(0, 1)

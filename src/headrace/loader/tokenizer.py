@@ -1,0 +1,125 @@
+"""Headrace's tokenizer: a `tokenizers.Tokenizer` plus what transformers adds around it
+(BOS handling from tokenizer_config, special-token lists, chat templates)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from headrace.loader.chat_templates import TURN_END_TOKENS, default_template
+from headrace.loader.errors import ModelLoadError
+from headrace.loader.gguf_tokenizer import template_processor
+
+
+class Tokenizer:
+    def __init__(self, tokenizer: HFTokenizer, config: dict[str, Any] | None = None) -> None:
+        self.config = dict(config or {})
+        self._tok = tokenizer
+        # transformers rebuilds the post-processor when the config states the BOS/EOS flags
+        if "add_bos_token" in self.config or "add_eos_token" in self.config:
+            self._tok.post_processor = template_processor(self._tok, self.config)
+        self._compiled: dict[str, jinja2.Template] = {}
+        self._template = self.config.get("chat_template")
+        if isinstance(self._template, list):  # named templates: take the default one
+            named = {t.get("name"): t.get("template") for t in self._template}
+            self._template = named.get("default") or next(iter(named.values()), None)
+
+    @classmethod
+    def from_file(
+        cls, path: str | Path, tokenizer_config: dict[str, Any] | None = None
+    ) -> Tokenizer:
+        try:
+            tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception
+            raise ModelLoadError(f"{path}: cannot read tokenizer: {e}") from e
+        return cls(tok, tokenizer_config)
+
+    @property
+    def backend(self) -> HFTokenizer:
+        return self._tok
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's own template (None when it ships none and a default is used)."""
+        return self._template if isinstance(self._template, str) else None
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """Render like transformers. The text already holds BOS where the template puts it:
+        encode it with add_special_tokens=False."""
+        source = self.chat_template or default_template(self._tok.get_vocab())
+        if source not in self._compiled:
+            self._compiled[source] = _environment().from_string(source)
+        return self._compiled[source].render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            **self._special_token_strings(),
+        )
+
+    def _special_token_strings(self) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            value = self.config.get(key)
+            out[key] = value.get("content") if isinstance(value, dict) else value
+        return out
+
+    def _id_of(self, key: str) -> int | None:
+        name = self._special_token_strings().get(key)
+        return self._tok.token_to_id(name) if name else None
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._id_of("bos_token")
+
+    @cached_property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The config's EOS plus the turn-end token of the chat format the vocabulary has."""
+        ids = [self._id_of("eos_token")]
+        ids += [self._tok.token_to_id(t) for t in TURN_END_TOKENS]
+        return tuple(dict.fromkeys(i for i in ids if i is not None))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    @cached_property
+    def all_special_ids(self) -> list[int]:
+        decoder = self._tok.get_added_tokens_decoder()
+        return sorted(i for i, t in decoder.items() if t.special)
+
+
+def _raise(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    """The sandbox transformers renders chat templates in, with the same helpers."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
+    return env

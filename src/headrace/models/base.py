@@ -1,0 +1,81 @@
+"""What every model family shares: embedding, the per-step rope tables, the output head."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from headrace.layers.attention import AttentionMetadata
+from headrace.layers.rotary import RotaryEmbedding
+from headrace.models.args import ModelArgs
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: K, V pools [N, bs, Hkv, D]
+CosSin = dict[str, tuple[torch.Tensor, torch.Tensor]]  # rope key -> cos, sin [T, 1, D]
+
+
+class CausalLM(nn.Module):
+    """A decoder-only LM over a paged KV cache. Module names follow Hugging Face's
+    (`model.layers.3.self_attn...`), except the merged `qkv_proj` / `gate_up_proj`."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.ropes: dict[str, RotaryEmbedding] = {}
+        self.lm_head: nn.Module | None = None
+
+    @classmethod
+    def parse_config(cls, cfg: dict[str, Any]) -> ModelArgs:
+        """The family's reading of a Hugging Face config.json dict."""
+        raise NotImplementedError
+
+    def setup(self, max_len: int, device: torch.device) -> None:
+        """Build the rope tables for positions < max_len once the weights are in place."""
+        self.ropes = {
+            key: RotaryEmbedding(
+                self.args.head_dim, params, self.args.max_position_embeddings, max_len
+            ).to(device)
+            for key, params in self.args.rope.items()
+        }
+
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        weight = self.get_submodule("model.embed_tokens").weight
+        assert isinstance(weight, torch.Tensor)
+        return weight
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
+        return F.embedding(input_ids, self.embed_weight)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> CosSin:
+        return {key: rope.cos_sin(positions, dtype) for key, rope in self.ropes.items()}
+
+    @abstractmethod
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: KVCaches,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, H], after the final norm
+        ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [S, H] -> [S, V] float32
+        weight = self.embed_weight if self.lm_head is None else self.lm_head.weight
+        assert isinstance(weight, torch.Tensor)
+        logits = F.linear(hidden, weight).float()
+        cap = self.args.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+class Embedding(nn.Module):
+    """A bare weight [V, H]; no random init (nn.Embedding's costs seconds at 262k x 640)."""
+
+    def __init__(self, num: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num, dim), requires_grad=False)
