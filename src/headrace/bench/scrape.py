@@ -29,6 +29,8 @@ def parse_metrics(text: str) -> dict[str, list[float]]:
 
     samples: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
+        if family.type == "counter":  # declared but not counted yet (no label set): zero
+            samples.setdefault(family.name + "_total", [])
         for sample in family.samples:
             samples.setdefault(sample.name, []).append(float(sample.value))
     return samples
