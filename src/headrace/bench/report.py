@@ -3,6 +3,7 @@ the table printed at the end and the progress bar drawn while it runs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -197,9 +198,18 @@ class Progress:
             self.ok += 1
         else:
             self.failed += 1
+        self.draw()
+
+    def draw(self) -> None:
         if self.enabled:
             self.stream.write("\r" + self.line())
             self.stream.flush()
+
+    async def tick(self, interval: float = 0.5) -> None:
+        """Redraws until cancelled, so that the clock moves while long requests run."""
+        while True:
+            self.draw()
+            await asyncio.sleep(interval)
 
     def line(self) -> str:
         elapsed = time.perf_counter() - self.t0

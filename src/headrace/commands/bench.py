@@ -197,16 +197,20 @@ async def _bench(args: argparse.Namespace) -> int:
     for i, level in enumerate(levels):
         label = f"[{i + 1}/{len(levels)}] {level:g} {'req/s' if mode == 'rate' else 'streams'}"
         progress = Progress(label, bounds.num_requests, bounds.duration)
-        result = await run_level(
-            target,
-            workload,
-            mode,
-            level,
-            bounds,
-            arrivals=args.arrivals,
-            scrape_interval=args.scrape_interval or None,
-            on_result=progress.update,
-        )
+        ticker = asyncio.create_task(progress.tick())
+        try:
+            result = await run_level(
+                target,
+                workload,
+                mode,
+                level,
+                bounds,
+                arrivals=args.arrivals,
+                scrape_interval=args.scrape_interval or None,
+                on_result=progress.update,
+            )
+        finally:
+            ticker.cancel()
         progress.close()
         runs.append(run_document(result, slo))
     doc = bench_document(target, workload, mode, levels, bounds, args.arrivals, slo, runs, created)
