@@ -12,6 +12,7 @@ import json
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -291,3 +292,43 @@ class TokenizerAdapter:
 @pytest.fixture
 def fake_tokenizer(sp_tokenizer: Tokenizer) -> TokenizerAdapter:
     return TokenizerAdapter(sp_tokenizer)
+
+
+def make_tiny_llama(path: Path, seed: int = 0) -> Path:
+    """A random-weight Llama (hidden 64, 2 layers) with the SentencePiece-style tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = make_sentencepiece_tokenizer()
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    tok_config = {
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "pad_token": "<pad>",
+        "add_bos_token": True,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tok.token_to_id("<bos>"),
+        eos_token_id=tok.token_to_id("<eos>"),
+        pad_token_id=tok.token_to_id("<pad>"),
+        tie_word_embeddings=False,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny random-weight model directory for the engine's real-model tests."""
+    return make_tiny_llama(tmp_path_factory.mktemp("engine") / "tiny-llama")
