@@ -204,6 +204,15 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+# One server-sent event (OpenAPI 3.1: the schema of an event stream describes each event);
+# `data` is a JSON object, or `[DONE]` at the end.
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+    "required": ["data"],
+}
+
+
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the error statuses a route can answer."""
     return {s: {"model": ErrorResponse, "description": "error"} for s in statuses}
@@ -214,7 +223,7 @@ def streaming_response(model: type[BaseModel]) -> dict[int | str, dict[str, Any]
     return {
         200: {
             "model": model,
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
             "description": "the result, or an event stream of `data: {json}` lines ending in "
             "`data: [DONE]` when `stream` is true",
         }

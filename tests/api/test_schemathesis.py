@@ -1,0 +1,48 @@
+"""Property-based requests generated from /openapi.json: no 5xx, every answer fits the schema."""
+
+from __future__ import annotations
+
+import hypothesis
+import schemathesis
+from hypothesis import HealthCheck
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from api.helpers import Server
+
+EXAMPLES_PER_ROUTE = 30
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+
+
+def run_schemathesis(url: str, max_examples: int = EXAMPLES_PER_ROUTE) -> list[str]:
+    """Run every operation of the server's schema; returns the operations it exercised."""
+    schema = schemathesis.openapi.from_url(url + "/openapi.json")
+    seen = []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        seen.append(operation.label)
+
+        @hypothesis.given(case=operation.as_strategy())
+        @hypothesis.settings(
+            max_examples=max_examples, deadline=None, database=None, derandomize=True,
+            suppress_health_check=list(HealthCheck), phases=[hypothesis.Phase.generate],
+        )  # fmt: skip
+        def check(case: schemathesis.Case) -> None:
+            case.call_and_validate(base_url=url, checks=CHECKS, timeout=60)
+
+        check()
+    return seen
+
+
+def test_generated_requests_find_no_server_error_or_schema_violation(api_server: Server) -> None:
+    seen = run_schemathesis(api_server.url)
+    assert {"POST /v1/generate", "POST /v1/completions", "POST /v1/chat/completions"} <= set(seen)
