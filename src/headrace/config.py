@@ -92,12 +92,46 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be positive")
 
 
+@dataclass(frozen=True)
+class RouterConfig:
+    replicas: int = _f(1, "engine processes per model (a --model NAME=PATH:N sets its own)")
+    routing: str = _f("least-load", "least-load | power-of-two | round-robin")
+    long_prompt_threshold: int | None = _f(
+        None, "prompts longer than this many tokens go to the long-prompt replicas"
+    )
+    long_replicas: int = _f(0, "extra replicas per model that take only the long prompts")
+    restart_backoff_s: float = _f(0.5, "first wait before restarting a failed replica, seconds")
+    restart_backoff_max_s: float = _f(30.0, "longest wait between restarts, seconds")
+    replica_stall_timeout_s: float = _f(
+        30.0, "a replica that reports nothing for this long is killed and restarted"
+    )
+    replica_api_key: str | None = _f(None, "key sent to --replica-url servers (their admin key)")
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0 or self.long_replicas < 0:
+            raise ValueError("replicas and long_replicas must not be negative")
+        if self.routing not in ("least-load", "power-of-two", "round-robin"):
+            raise ValueError(f"unknown routing policy {self.routing!r}")
+        if (self.long_prompt_threshold is None) != (self.long_replicas == 0):
+            raise ValueError("--long-prompt-threshold and --long-replicas go together")
+        if self.long_prompt_threshold is not None and self.long_prompt_threshold < 1:
+            raise ValueError("long_prompt_threshold must be positive")
+        if self.restart_backoff_s <= 0 or self.restart_backoff_max_s < self.restart_backoff_s:
+            raise ValueError("restart backoff must be positive, its maximum at least the first")
+        if self.replica_stall_timeout_s <= 0:
+            raise ValueError("replica_stall_timeout_s must be positive")
+
+
 C = TypeVar("C")
 
 
-def add_config_args(parser: argparse.ArgumentParser, cls: type[Any]) -> None:
-    """Add one `--flag` per field of the dataclass `cls`."""
+def add_config_args(
+    parser: argparse.ArgumentParser, cls: type[Any], skip: tuple[str, ...] = ()
+) -> None:
+    """Add one `--flag` per field of the dataclass `cls` (but the fields named in `skip`)."""
     for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
         flag = "--" + f.name.replace("_", "-")
         kind = _field_type(f)
         kwargs: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "")}
