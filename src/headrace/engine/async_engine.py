@@ -148,6 +148,12 @@ class AsyncEngine:
         return self._dead is None and not self._closed and self._conn.is_alive
 
     @property
+    def pid(self) -> int | None:
+        """The core process's id (None for a core thread): the router kills a hung core."""
+        pid = getattr(self._conn, "pid", None)
+        return pid if isinstance(pid, int) else None
+
+    @property
     def num_open_requests(self) -> int:
         return len(self._streams)
 
