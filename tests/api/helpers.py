@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,6 +142,6 @@ def read_metrics(url: str) -> dict[str, float]:
     return out
 
 
-def sse_events(lines: Iterator[str]) -> list[str]:
+def sse_events(lines: Iterable[str]) -> list[str]:
     """The `data:` payloads of an SSE stream, in order."""
     return [line[len("data: ") :] for line in lines if line.startswith("data: ")]

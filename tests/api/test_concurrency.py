@@ -16,7 +16,7 @@ PROMPTS = [f"Prompt number {i}: the quick brown fox {'jumps ' * (i % 5)}" for i 
 async def _stream_text(client: httpx.AsyncClient, body: dict[str, object]) -> str:
     async with client.stream("POST", "/v1/generate", json={**body, "stream": True}) as r:
         assert r.status_code == 200
-        events = sse_events(line async for line in r.aiter_lines())  # type: ignore[arg-type]
+        events = sse_events([line async for line in r.aiter_lines()])
     assert events[-1] == "[DONE]"
     return "".join(json.loads(e)["text"] for e in events[:-1])
 

@@ -47,7 +47,7 @@ def test_completions_stream_equals_whole_and_usage_matches_tokenizer(
     # greedy: the chosen token is the most likely one
     chosen_lps = choice.logprobs.token_logprobs or []
     for chosen, top in zip(chosen_lps, choice.logprobs.top_logprobs, strict=True):
-        assert chosen == pytest.approx(max(top.values()), abs=1e-4)
+        assert chosen >= max(top.values()) - 1e-4
 
     chunks = list(
         sdk.completions.create(

@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import jinja2
+
 from headrace.api.errors import bad_request
 
 T = TypeVar("T")
@@ -15,7 +17,7 @@ INLINE_CHARS = 4096  # shorter prompts tokenize in well under a millisecond: not
 
 
 async def encode_text(tokenizer: Any, text: str) -> list[int]:
-    ids: list[int] = await _maybe_in_thread(len(text), tokenizer.encode, text)
+    ids: list[int] = await _maybe_in_thread(len(text), tokenizer.encode, text, True)
     return ids
 
 
@@ -29,13 +31,17 @@ def check_token_ids(tokenizer: Any, ids: Sequence[int]) -> list[int]:
 
 async def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """The conversation rendered with the model's chat template, ready for the assistant."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise bad_request("this model has no chat template; use /v1/completions", "messages")
     size = sum(len(m["content"]) for m in messages)
+    ids: list[int] = await _maybe_in_thread(size, _render_and_encode, tokenizer, messages)
+    return ids
+
+
+def _render_and_encode(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     try:
-        ids: list[int] = await _maybe_in_thread(size, tokenizer.encode_chat, messages)
-    except (ValueError, TypeError, KeyError) as e:  # the template's own raise_exception()
-        raise bad_request(f"chat template refused the messages: {e}", "messages") from e
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except (jinja2.TemplateError, ValueError, TypeError, KeyError) as e:  # raise_exception()
+        raise bad_request(f"the chat template refused the messages: {e}", "messages") from e
+    ids: list[int] = tokenizer.encode(text, add_special_tokens=False)  # BOS is in the text
     return ids
 
 

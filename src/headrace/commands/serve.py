@@ -134,6 +134,9 @@ class _Server(uvicorn.Server):
         except RuntimeError:  # no loop running yet
             self.app_state.shutdown.set()
         super().handle_exit(sig, frame)
+        # uvicorn re-raises the signal after its graceful stop (exit status -15); we stopped
+        # cleanly on purpose, so exit 0 instead
+        self._captured_signals.clear()
 
     def bound_port(self) -> int:
         for server in getattr(self, "servers", []):
