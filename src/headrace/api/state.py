@@ -29,9 +29,7 @@ class AppState:
     def engine_for(self, model: str | None) -> tuple[str, EngineClient]:
         """The engine serving `model`; no model means the first one."""
         self.check_accepting()
-        if model is None:
-            name = next(iter(self.engines))
-            return name, self.engines[name]
+        model = model if model is not None else next(iter(self.engines))
         engine = self.engines.get(model)
         if engine is None:
             known = ", ".join(self.engines)
@@ -39,6 +37,10 @@ class AppState:
                 404, f"model {model!r} does not exist; served: {known}",
                 param="model", code="model_not_found",
             )  # fmt: skip
+        if not engine.is_healthy:
+            raise APIError(
+                503, f"the engine of model {model!r} is not running", type="unavailable_error"
+            )
         return model, engine
 
     def check_accepting(self) -> None:
@@ -61,7 +63,20 @@ class AppState:
             return 503, {"status": "loading"}
         models = {name: ("ok" if e.is_healthy else "dead") for name, e in self.engines.items()}
         ok = all(v == "ok" for v in models.values())
-        return (200 if ok else 503), {"status": "ok" if ok else "unhealthy", "models": models}
+        body: dict[str, object] = {"status": "ok" if ok else "unhealthy", "models": models}
+        replicas = {name: _replicas(e) for name, e in self.engines.items()}
+        if any(replicas.values()):
+            body["replicas"] = replicas
+        return (200 if ok else 503), body
+
+
+def _replicas(engine: EngineClient) -> list[dict[str, object]]:
+    """A router's replicas (name, state, pid or url, restarts, load); [] for a lone engine."""
+    describe = getattr(engine, "describe", None)
+    if not callable(describe):
+        return []
+    replicas: list[dict[str, object]] = describe().get("replicas", [])
+    return replicas
 
 
 def app_state(request: Request) -> AppState:

@@ -1,4 +1,5 @@
-"""`headrace serve`: the HTTP server over one model (default: the embedded Gemma 3 270M).
+"""`headrace serve`: the HTTP server over one model (default: the embedded Gemma 3 270M) or
+several, each with one or more replicas behind a router (`headrace.router.deploy`).
 
 The HTTP server comes up first and answers /health with 503 while the model loads in the
 background; one log line says when it is ready. SIGINT / SIGTERM: streams in flight get a final
@@ -25,6 +26,7 @@ from headrace.config import (
     CacheConfig,
     GatewayConfig,
     ModelConfig,
+    RouterConfig,
     SchedulerConfig,
     ServerConfig,
     add_config_args,
@@ -32,18 +34,32 @@ from headrace.config import (
 )
 from headrace.gateway.base import Gateway, OpenGateway
 from headrace.gateway.setup import build_gateway, connect_gateway
+from headrace.router.deploy import ModelSpec, parse_model_specs, start_deployment
+from headrace.router.metrics import RouterMetrics
 
 log = logging.getLogger("headrace.serve")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    for cls in (ModelConfig, CacheConfig, SchedulerConfig, ServerConfig, GatewayConfig):
+    add_config_args(parser, ModelConfig, skip=("model",))
+    parser.add_argument(
+        "--model", action="append", metavar="[NAME=]PATH[:N]",
+        help="GGUF file or Hugging Face directory, served as NAME with N replicas; repeat it "
+        "to serve several models (default: Gemma 3 270M)",
+    )  # fmt: skip
+    for cls in (CacheConfig, SchedulerConfig, ServerConfig, GatewayConfig, RouterConfig):
         add_config_args(parser, cls)
+    parser.add_argument(
+        "--replica-url", action="append", default=[], metavar="URL",
+        help="another `headrace serve` to route to as well, as a replica of each model it "
+        "serves (repeatable)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     server_cfg = config_from_args(ServerConfig, args)
     _setup_logging(server_cfg.log_level)
+    models, args.model = args.model or [None], None
     model_cfg = config_from_args(ModelConfig, args)
     cache_cfg = config_from_args(CacheConfig, args)
     sched_cfg = config_from_args(SchedulerConfig, args)
@@ -52,7 +68,18 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         log.error("%s", e)
         return 2
-    return serve(model_cfg, cache_cfg, sched_cfg, server_cfg, gateway)
+    try:
+        router_cfg = config_from_args(RouterConfig, args)
+        specs = parse_model_specs(
+            models, model_cfg.served_model_name, router_cfg.replicas, served_name
+        )
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    return serve(
+        model_cfg, cache_cfg, sched_cfg, server_cfg, gateway,
+        router_cfg=router_cfg, specs=specs, replica_urls=args.replica_url,
+    )  # fmt: skip
 
 
 def serve(
@@ -61,18 +88,29 @@ def serve(
     sched_cfg: SchedulerConfig,
     server_cfg: ServerConfig,
     gateway: Gateway | None = None,
+    *,
+    router_cfg: RouterConfig | None = None,
+    specs: list[ModelSpec] | None = None,
+    replica_urls: list[str] | None = None,
 ) -> int:
     """Run until a signal; 0 on a clean stop, 1 if the model failed to load."""
-
-    name = model_cfg.served_model_name or served_name(model_cfg.model)
+    router_cfg = router_cfg or RouterConfig()
+    if specs is None:
+        specs = parse_model_specs(
+            [model_cfg.model], model_cfg.served_model_name, router_cfg.replicas, served_name
+        )
     outcome: dict[str, BaseException] = {}
     server: _Server | None = None
 
     async def load() -> Mapping[str, Any]:
         t0 = time.monotonic()
-        log.info("Loading model %s ...", model_cfg.model or "Gemma 3 270M (embedded)")
+        for spec in specs:
+            where = spec.model or "Gemma 3 270M (embedded)"
+            log.info("Loading model %s: %s x %d ...", spec.name, where, spec.replicas)
         try:
-            engine = await start_engine(model_cfg, cache_cfg, sched_cfg, name)
+            engines = await start_deployment(
+                specs, model_cfg, cache_cfg, sched_cfg, router_cfg, replica_urls or []
+            )
         except BaseException as e:
             outcome["error"] = e
             if server is not None:
@@ -83,13 +121,14 @@ def serve(
             await asyncio.sleep(0.05)
         log.info(
             "Headrace ready: model %s on http://%s:%d (loaded in %.1f s)",
-            name, server_cfg.host, server.bound_port(), time.monotonic() - t0,
+            ", ".join(engines), server_cfg.host, server.bound_port(), time.monotonic() - t0,
         )  # fmt: skip
-        return {name: engine}
+        return engines
 
     app = build_app({}, gateway or OpenGateway(), server_cfg, loader=load)
     state = app.state.headrace
     connect_gateway(state.gateway, lambda: state.engines, state.metrics)
+    state.metrics.add_collector(RouterMetrics(lambda: state.engines))
     config = uvicorn.Config(
         app, host=server_cfg.host, port=server_cfg.port, workers=1, lifespan="on",
         log_level=server_cfg.log_level, access_log=server_cfg.log_level == "debug",
@@ -101,15 +140,6 @@ def serve(
         log.error("model failed to load: %s", outcome["error"])
         return 1
     return 0
-
-
-async def start_engine(
-    model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: SchedulerConfig, name: str
-) -> Any:
-    """Start an engine replica (its own process) and wait until its model is loaded."""
-    from headrace.engine.async_engine import AsyncEngine
-
-    return await AsyncEngine.start(model_cfg, cache_cfg, sched_cfg, served_model_name=name)
 
 
 def served_name(model: str | None) -> str:
@@ -151,3 +181,4 @@ def _setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    log.setLevel(min(log.getEffectiveLevel(), logging.INFO))  # loading and ready lines always
