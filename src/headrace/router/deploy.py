@@ -1,0 +1,155 @@
+"""A deployment: which models, how many replicas of each, where — started and put behind one
+router per model.
+
+`--model [NAME=]PATH[:N]` (repeatable) names a model, its files and its replica count (else
+`--replicas`); `--replica-url URL` (repeatable) adds another `headrace serve` as a replica of
+the model it serves — of a local model of that name, or of a model served only remotely (its
+tokenizer is fetched from there). Local replicas are engine-core processes that share the
+machine's CPU cores: each gets `cores // replicas` torch threads unless `--num-threads` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from headrace.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig
+from headrace.engine.client import EngineClient
+from headrace.router.remote import RemoteEngine
+from headrace.router.replica import Replica, Starter
+from headrace.router.router import Router
+
+_SPEC = re.compile(r"^(?:(?P<name>[\w.\-]+)=)?(?P<path>.*?)(?::(?P<n>\d+))?$")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model: str | None  # a GGUF file or HF directory; None: the embedded Gemma 3 270M
+    name: str  # what clients put in `model`
+    replicas: int
+
+
+def parse_model_specs(
+    texts: Sequence[str | None],
+    served_model_name: str | None,
+    default_replicas: int,
+    default_name: Callable[[str | None], str],
+) -> list[ModelSpec]:
+    """`[NAME=]PATH[:N]` each; `--served-model-name` names the model when there is one."""
+    specs = []
+    for text in texts:
+        if text is None:
+            specs.append(ModelSpec(None, served_model_name or default_name(None), default_replicas))
+            continue
+        m = _SPEC.match(text)
+        assert m is not None  # the pattern matches any string
+        path = m["path"] or None
+        name = m["name"] or (served_model_name if len(texts) == 1 else None)
+        n = int(m["n"]) if m["n"] is not None else default_replicas
+        specs.append(ModelSpec(path, name or default_name(path), n))
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two models have the same name in {names}; use NAME=PATH")
+    return specs
+
+
+def threads_per_replica(num_replicas: int, cores: int | None = None) -> int:
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, cores // max(num_replicas, 1))
+
+
+async def start_deployment(
+    specs: Sequence[ModelSpec],
+    model_cfg: ModelConfig,
+    cache_cfg: CacheConfig,
+    sched_cfg: SchedulerConfig,
+    router_cfg: RouterConfig,
+    replica_urls: Sequence[str] = (),
+) -> dict[str, Router]:
+    """Start every replica (in parallel), connect the remote ones, one router per model.
+
+    A replica that fails to start fails the whole deployment: what started is closed again.
+    """
+    long_n = router_cfg.long_replicas
+    total = sum(s.replicas + (long_n if s.replicas else 0) for s in specs)
+    threads = model_cfg.num_threads or threads_per_replica(total)
+    plans: list[tuple[str, str, str, Starter]] = []  # model, replica name, pool, starter
+    for spec in specs:
+        cfg = dataclasses.replace(
+            model_cfg, model=spec.model, served_model_name=spec.name, num_threads=threads
+        )
+        starter = _starter(cfg, cache_cfg, sched_cfg, spec.name)
+        plans += [(spec.name, f"{spec.name}/{i}", "main", starter) for i in range(spec.replicas)]
+        if spec.replicas:
+            plans += [(spec.name, f"{spec.name}/long-{i}", "long", starter) for i in range(long_n)]
+    started = await _gather([p[3]() for p in plans])
+    replicas: dict[str, list[Replica]] = {s.name: [] for s in specs}
+    for (model, name, pool, starter), engine in zip(plans, started, strict=True):
+        replicas[model].append(Replica(name, engine, pool=pool, starter=starter))
+    try:
+        await _add_remotes(replicas, replica_urls, router_cfg.replica_api_key)
+        empty = [model for model, reps in replicas.items() if not reps]
+        if empty:
+            raise ValueError(f"model(s) {empty} have no replica: N=0 and no --replica-url")
+    except BaseException:
+        await _close_all([r.engine for reps in replicas.values() for r in reps])
+        raise
+    routers = {model: Router(model, reps, router_cfg) for model, reps in replicas.items()}
+    for router in routers.values():
+        router.start()
+    return routers
+
+
+def _starter(
+    model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: SchedulerConfig, name: str
+) -> Starter:
+    async def start() -> EngineClient:
+        from headrace.engine.async_engine import AsyncEngine
+
+        return await AsyncEngine.start(model_cfg, cache_cfg, sched_cfg, served_model_name=name)
+
+    return start
+
+
+async def _add_remotes(
+    replicas: dict[str, list[Replica]], urls: Sequence[str], api_key: str | None
+) -> None:
+    """Each remote server becomes a replica of every model it serves."""
+    for url in urls:
+        for model in await _models_at(url, api_key):
+            local = replicas.setdefault(model, [])
+            tokenizer = local[0].info.tokenizer if local else None  # else: fetched from there
+            engine = await RemoteEngine.connect(url, model, tokenizer=tokenizer, api_key=api_key)
+            index = sum(1 for r in local if r.url is not None)
+            local.append(Replica(f"{model}/remote-{index}", engine, url=url))
+
+
+async def _models_at(url: str, api_key: str | None) -> list[str]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(headers=headers) as client:
+        try:
+            resp = await client.get(url.rstrip("/") + "/v1/stats", timeout=10)
+            resp.raise_for_status()
+            return list(resp.json()["models"])
+        except (httpx.HTTPError, ValueError, KeyError) as e:
+            raise RuntimeError(f"replica {url} does not answer GET /v1/stats: {e}") from e
+
+
+async def _gather(starts: Sequence[Awaitable[EngineClient]]) -> list[EngineClient]:
+    results = await asyncio.gather(*starts, return_exceptions=True)
+    engines = [r for r in results if not isinstance(r, BaseException)]
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        await _close_all(engines)
+        raise errors[0]
+    return engines
+
+
+async def _close_all(engines: Sequence[EngineClient]) -> None:
+    await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)

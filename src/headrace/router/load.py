@@ -1,0 +1,93 @@
+"""A replica's live load: its latest reported step statistics plus the router's own exact
+account of the requests it dispatched that the report cannot include yet.
+
+A replica pushes `StepStats` after every step (and every 0.5 s when idle); a remote one is
+polled. Between two reports the router may dispatch a burst of requests; counting them here
+spreads the burst instead of sending it all to the replica that looked idlest at the last
+report. A dispatched request leaves the account when the replica's reports certainly count it:
+at its first output (the report that came with it counts it), or once `SETTLE_REPORTS` new
+reports arrived after dispatch — the first may have left before the replica received the
+request, the second may come from a step already running when it arrived, the third follows a
+step that saw it. Erring this way counts a request twice for a step or two, never not at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from headrace.engine.outputs import StepStats
+
+SETTLE_REPORTS = 3
+
+
+@dataclass
+class _Dispatched:
+    tokens: int  # the work it brings: prompt + max_tokens
+    reports_at_dispatch: int
+
+
+class LoadTracker:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.reported = StepStats()
+        self.reports = 0  # new reports seen so far
+        self.last_report_at = self._clock()
+        self._dispatched: dict[str, _Dispatched] = {}
+
+    def observe(self, stats: StepStats) -> None:
+        """Look at the replica's current stats; a new object is a new report."""
+        if stats is not self.reported:
+            self.reported = stats
+            self.reports += 1
+            self.last_report_at = self._clock()
+
+    def dispatched(self, request_id: str, tokens: int) -> None:
+        self._dispatched[request_id] = _Dispatched(tokens, self.reports)
+
+    def settle(self, request_id: str) -> None:
+        """The request produced output (or ended): the replica's reports count it now."""
+        self._dispatched.pop(request_id, None)
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens of dispatched requests that the latest report may not count."""
+        settled = [
+            rid
+            for rid, d in self._dispatched.items()
+            if self.reports - d.reports_at_dispatch >= SETTLE_REPORTS
+        ]
+        for rid in settled:
+            del self._dispatched[rid]
+        return sum(d.tokens for d in self._dispatched.values())
+
+    @property
+    def reported_tokens(self) -> int:
+        return self.reported.waiting_tokens + self.reported.running_tokens
+
+    @property
+    def load_tokens(self) -> int:
+        return self.reported_tokens + self.pending_tokens
+
+    @property
+    def free_blocks(self) -> int:
+        return max(self.reported.kv_blocks_total - self.reported.kv_blocks_used, 0)
+
+    def silent_for(self) -> float:
+        """Seconds since the replica last reported."""
+        return self._clock() - self.last_report_at
+
+
+def sum_stats(stats: Iterable[StepStats]) -> StepStats:
+    """One model's stats over its replicas: counts add up, the step time is the longest."""
+    total: dict[str, float] = {}
+    for s in stats:
+        for f in dataclasses.fields(StepStats):
+            value = getattr(s, f.name)
+            if f.name == "step_duration":
+                total[f.name] = max(total.get(f.name, 0.0), value)
+            else:
+                total[f.name] = total.get(f.name, 0) + value
+    return StepStats(**total)  # type: ignore[arg-type]

@@ -1,0 +1,96 @@
+"""Routing policies: which replica of a model gets the next request.
+
+A policy sees one `Candidate` per replica that may take the request (healthy, in the right
+pool, not already tried for it) and picks one. Policies are pure: the numbers come from the
+router (`replica.LoadTracker`), so they are tested without any engine.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+POLICY_NAMES = ("least-load", "power-of-two", "round-robin")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One replica as a policy sees it."""
+
+    index: int  # the replica's position in its router: stable across restarts
+    load_tokens: int  # waiting + running tokens reported, plus those dispatched since
+    free_blocks: int  # free KV-cache blocks reported
+    in_flight: int  # requests this router has open on the replica
+
+
+class RoutingPolicy(Protocol):
+    """Picks one of `candidates` (never empty). May keep state (a rotation), never blocks."""
+
+    name: str
+
+    def choose(self, candidates: Sequence[Candidate]) -> Candidate: ...
+
+
+class LeastLoad:
+    """The fewest waiting + running tokens; ties go to more free KV blocks, then fewer open
+    requests, then the next replica after the last one chosen (so idle replicas take turns)."""
+
+    name = "least-load"
+
+    def __init__(self) -> None:
+        self._last = -1
+
+    def choose(self, candidates: Sequence[Candidate]) -> Candidate:
+        span = max(c.index for c in candidates) + 1
+
+        def key(c: Candidate) -> tuple[int, int, int, int]:
+            turn = (c.index - self._last - 1) % span
+            return (c.load_tokens, -c.free_blocks, c.in_flight, turn)
+
+        best = min(candidates, key=key)
+        self._last = best.index
+        return best
+
+
+class PowerOfTwo:
+    """Two replicas at random, the less loaded of them (least-load's order between the two).
+
+    Cheaper than a full scan for many replicas, and less herd-prone when load numbers lag."""
+
+    name = "power-of-two"
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = random.Random(seed)
+        self._tie = LeastLoad()
+
+    def choose(self, candidates: Sequence[Candidate]) -> Candidate:
+        if len(candidates) <= 2:
+            return self._tie.choose(candidates)
+        return self._tie.choose(self._rng.sample(list(candidates), 2))
+
+
+class RoundRobin:
+    """The next replica after the last one chosen, whatever the load."""
+
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._last = -1
+
+    def choose(self, candidates: Sequence[Candidate]) -> Candidate:
+        ordered = sorted(candidates, key=lambda c: c.index)
+        best = next((c for c in ordered if c.index > self._last), ordered[0])
+        self._last = best.index
+        return best
+
+
+def make_policy(name: str, seed: int | None = None) -> RoutingPolicy:
+    if name == "least-load":
+        return LeastLoad()
+    if name == "power-of-two":
+        return PowerOfTwo(seed)
+    if name == "round-robin":
+        return RoundRobin()
+    raise ValueError(f"unknown routing policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")

@@ -1,0 +1,232 @@
+"""A replica that is another `headrace serve`, reached over HTTP: an `EngineClient`.
+
+Requests stream from its `POST /v1/replica/generate` (token ids in, `GenerationChunk`s out);
+its load comes from polling `GET /v1/stats` every `poll_interval_s`. A poll or a stream that
+fails at the transport level marks it unhealthy at once (the router then retries requests that
+had not streamed anything); the next successful poll makes it healthy again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.outputs import StepStats
+from headrace.loader.tokenizer import Tokenizer
+from headrace.request import FinishReason, SamplingParams
+from headrace.router.wire import chunk_from_json, request_json, stats_from_json
+
+log = logging.getLogger("headrace.router")
+
+POLL_INTERVAL_S = 0.25
+POLL_TIMEOUT_S = 5.0
+_STREAM_TIMEOUT = httpx.Timeout(10.0, read=None)  # a request may wait long for its first token
+
+
+class RemoteEngine:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        model: str,
+        max_model_len: int,
+        tokenizer: Any,
+        poll_interval_s: float = POLL_INTERVAL_S,
+    ) -> None:
+        self._client = client
+        self._model = model
+        self._max_model_len = max_model_len
+        self._tokenizer = tokenizer
+        self._poll_interval_s = poll_interval_s
+        self._stats = StepStats()
+        self._failure: str | None = None
+        self._closed = False
+        self._poller: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        model: str | None = None,
+        *,
+        tokenizer: Any = None,
+        api_key: str | None = None,
+        poll_interval_s: float = POLL_INTERVAL_S,
+    ) -> RemoteEngine:
+        """Reach the server at `url` and pick its `model` (or its only one); without a
+        `tokenizer`, fetch the server's. Raises RuntimeError when that cannot be done."""
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        client = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers)
+        try:
+            models = (await _get_json(client, "/v1/stats"))["models"]
+            if model is None:
+                if len(models) != 1:
+                    raise RuntimeError(f"{url} serves {sorted(models)}; say which one")
+                model = next(iter(models))
+            if model not in models:
+                raise RuntimeError(f"{url} does not serve model {model!r}")
+            if tokenizer is None:
+                tokenizer = await _fetch_tokenizer(client, model)
+            engine = cls(client, model, int(models[model]["max_model_len"]), tokenizer,
+                         poll_interval_s)  # fmt: skip
+            engine._on_stats(models[model])
+        except BaseException:
+            await client.aclose()
+            raise
+        engine._poller = asyncio.create_task(engine._poll(), name=f"headrace-poll-{url}")
+        return engine
+
+    # -- EngineClient -----------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return str(self._client.base_url)
+
+    @property
+    def model_name(self) -> str:
+        return self._model
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def is_healthy(self) -> bool:
+        return not self._closed and self._failure is None
+
+    def stats(self) -> StepStats:
+        return self._stats
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        options: GenerateOptions | None = None,
+    ) -> AsyncIterator[GenerationChunk]:
+        ids = prompt if isinstance(prompt, list) else self._tokenizer.encode(prompt)
+        body = request_json(request_id, self._model, ids, params, options or GenerateOptions())
+        if not self.is_healthy:
+            yield _error(request_id, f"remote replica {self.url} is down: {self._failure}")
+            return
+        try:
+            async with self._client.stream(
+                "POST", "/v1/replica/generate", json=body, timeout=_STREAM_TIMEOUT
+            ) as resp:
+                if resp.status_code != 200:
+                    yield await self._refused(request_id, resp)
+                    return
+                async for chunk in self._chunks(request_id, resp):
+                    yield chunk
+                    if chunk.finished:
+                        return
+            self._fail("its stream ended before the request finished")
+            yield _error(request_id, f"remote replica {self.url} ended the stream early")
+        except httpx.TransportError as e:
+            self._fail(f"{type(e).__name__}: {e}")
+            yield _error(request_id, f"remote replica {self.url} failed: {e}")
+
+    async def abort(self, request_id: str) -> None:
+        """Ask the server to end it; the stream then ends with an `abort` chunk."""
+        with contextlib.suppress(httpx.HTTPError):
+            await self._client.post(
+                "/v1/replica/abort", json={"request_id": request_id, "model": self._model},
+                timeout=POLL_TIMEOUT_S,
+            )  # fmt: skip
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        await self._client.aclose()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    async def _chunks(
+        self, request_id: str, resp: httpx.Response
+    ) -> AsyncIterator[GenerationChunk]:
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: ") :]
+            if data == "[DONE]":
+                return
+            event = json.loads(data)
+            if "error" in event:  # the server stopped (shutting down) or broke mid-stream
+                message = str(event["error"].get("message", "remote error"))
+                self._fail(message)
+                yield _error(request_id, f"remote replica {self.url}: {message}")
+                return
+            yield chunk_from_json(event)
+
+    async def _refused(self, request_id: str, resp: httpx.Response) -> GenerationChunk:
+        """A status other than 200: a 400 is the request's fault, anything else the server's."""
+        await resp.aread()
+        try:
+            message = str(resp.json()["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            message = resp.text[:200]
+        if resp.status_code == 400:
+            raise ValueError(message)
+        self._fail(f"HTTP {resp.status_code}: {message}")
+        return _error(request_id, f"remote replica {self.url} refused: {message}")
+
+    def _fail(self, reason: str) -> None:
+        if self._failure is None and not self._closed:
+            log.error("remote replica %s failed: %s", self.url, reason)
+        self._failure = reason
+
+    def _on_stats(self, model: dict[str, Any]) -> None:
+        self._stats = stats_from_json(model["stats"])
+        if model.get("healthy", True):
+            self._failure = None
+        else:
+            self._fail("it has no healthy replica of the model")
+
+    async def _poll(self) -> None:
+        while True:
+            try:
+                models = (await _get_json(self._client, "/v1/stats"))["models"]
+                if self._model not in models:
+                    self._fail(f"it no longer serves {self._model!r}")
+                else:
+                    self._on_stats(models[self._model])
+            except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as e:
+                self._fail(f"stats poll: {type(e).__name__}: {e}")
+            await asyncio.sleep(self._poll_interval_s)
+
+
+async def _get_json(client: httpx.AsyncClient, path: str, **params: str) -> dict[str, Any]:
+    try:
+        resp = await client.get(path, params=params, timeout=POLL_TIMEOUT_S)
+    except httpx.HTTPError as e:
+        raise RuntimeError(f"{client.base_url}{path}: {type(e).__name__}: {e}") from e
+    if resp.status_code != 200:
+        raise RuntimeError(f"{client.base_url}{path}: HTTP {resp.status_code}: {resp.text[:200]}")
+    data: dict[str, Any] = resp.json()
+    return data
+
+
+async def _fetch_tokenizer(client: httpx.AsyncClient, model: str) -> Tokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    data = await _get_json(client, "/v1/replica/tokenizer", model=model)
+    return Tokenizer(HFTokenizer.from_str(data["tokenizer"]), data.get("config"))
+
+
+def _error(request_id: str, message: str) -> GenerationChunk:
+    return GenerationChunk(request_id, "", [], FinishReason.ERROR, error=message)

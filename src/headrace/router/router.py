@@ -1,0 +1,204 @@
+"""The router: one model's `EngineClient` over several replicas.
+
+A request goes to the replica its policy picks among those in rotation — of the long-prompt
+pool when its prompt is longer than the threshold (the other pool when its own has none
+left). If that replica fails before the request streamed anything (its process died, its
+server went away), the request is sent to another replica, each at most once; after its first
+chunk a failure reaches the caller as an error chunk. A replica that fails leaves the rotation
+at once; the supervisor brings it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from headrace.config import RouterConfig
+from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.outputs import StepStats
+from headrace.request import FinishReason, SamplingParams
+from headrace.router.load import sum_stats
+from headrace.router.policies import make_policy
+from headrace.router.replica import Replica
+from headrace.router.supervisor import Supervisor
+
+log = logging.getLogger("headrace.router")
+
+_MIN_TIMEOUT_S = 0.001
+
+
+class NoReplicaError(RuntimeError):
+    """No replica of the model is in rotation (the API answers 503)."""
+
+
+class Router:
+    def __init__(
+        self, model_name: str, replicas: Sequence[Replica], config: RouterConfig | None = None
+    ) -> None:
+        if not replicas:
+            raise ValueError(f"model {model_name!r} has no replica")
+        self.name = model_name
+        self.replicas = list(replicas)
+        self.config = config or RouterConfig()
+        self.policy = make_policy(self.config.routing)
+        self.supervisor = Supervisor(self.replicas, self.config)
+        self.retries = 0  # requests sent again after their replica failed
+        self._placed: dict[str, Replica] = {}  # request id -> the replica it is on now
+        self._closed = False
+
+    def start(self) -> None:
+        """Start watching the replicas (needs a running event loop)."""
+        self.supervisor.start()
+
+    # -- EngineClient -----------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.name
+
+    @property
+    def max_model_len(self) -> int:
+        return min(r.info.max_model_len for r in self.replicas)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.replicas[0].info.tokenizer
+
+    @property
+    def is_healthy(self) -> bool:
+        return not self._closed and any(r.serving for r in self.replicas)
+
+    def stats(self) -> StepStats:
+        """The sum over the replicas in rotation."""
+        serving = [r for r in self.replicas if r.serving]
+        for r in serving:
+            r.observe()
+        return sum_stats(r.load.reported for r in serving)
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        options: GenerateOptions | None = None,
+    ) -> AsyncIterator[GenerationChunk]:
+        ids = self._encode(prompt)
+        opts = options or GenerateOptions()
+        t0 = time.monotonic()
+        tried: set[int] = set()
+        failure: GenerationChunk | None = None
+        while True:
+            replica = self._choose(len(ids), tried)
+            if replica is None:
+                if failure is not None:
+                    yield failure
+                    return
+                raise NoReplicaError(f"no replica of model {self.name!r} is in rotation")
+            tried.add(id(replica))
+            chunks = replica.engine.generate(request_id, ids, params, _less(opts, t0))
+            replica.dispatched(request_id, len(ids) + params.max_tokens)
+            self._placed[request_id] = replica
+            streamed = False
+            try:
+                async for chunk in chunks:
+                    if not streamed and self._failed(replica, chunk):
+                        failure = chunk
+                        break
+                    if not streamed:
+                        replica.first_output(request_id)
+                        streamed = True
+                    yield chunk
+                else:
+                    return
+            except ValueError:
+                raise  # refused before it started: it can never fit
+            except Exception as e:
+                if streamed:
+                    raise
+                replica.mark_down(f"{type(e).__name__}: {e}")
+                failure = _error_chunk(request_id, f"replica {replica.name} failed: {e}")
+            finally:
+                await _close(chunks)
+                replica.finished(request_id)
+                if self._placed.get(request_id) is replica:
+                    del self._placed[request_id]
+            if streamed:
+                return
+            self.retries += 1
+            log.warning("retrying %s elsewhere: replica %s failed", request_id, replica.name)
+
+    async def abort(self, request_id: str) -> None:
+        replica = self._placed.get(request_id)
+        if replica is not None:
+            await replica.engine.abort(request_id)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.supervisor.close()
+        for replica in self.replicas:
+            try:
+                await replica.engine.close()
+            except Exception:
+                log.warning("closing replica %s failed", replica.name, exc_info=True)
+
+    # -- routing ----------------------------------------------------------------------------
+
+    def _choose(self, prompt_tokens: int, tried: set[int]) -> Replica | None:
+        threshold = self.config.long_prompt_threshold
+        pool = "long" if threshold is not None and prompt_tokens > threshold else "main"
+        open_ = [(i, r) for i, r in enumerate(self.replicas) if r.serving and id(r) not in tried]
+        own = [(i, r) for i, r in open_ if r.pool == pool]
+        pick_from = own or open_  # a pool with no replica left borrows the other's
+        if not pick_from:
+            return None
+        choice = self.policy.choose([r.candidate(i) for i, r in pick_from])
+        return self.replicas[choice.index]
+
+    def _failed(self, replica: Replica, chunk: GenerationChunk) -> bool:
+        """An error chunk because the replica itself failed (not the request): retry."""
+        if chunk.finish_reason is not FinishReason.ERROR or replica.serving:
+            return False
+        replica.mark_down(chunk.error or "it failed")
+        return True
+
+    def _encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+        return list(prompt)
+
+    def describe(self) -> dict[str, object]:
+        """The replicas' states and loads, for /health and /v1/stats."""
+        return {
+            "policy": self.policy.name,
+            "retries": self.retries,
+            "replicas": [r.describe() for r in self.replicas],
+        }
+
+
+def _less(opts: GenerateOptions, t0: float) -> GenerateOptions:
+    """The options of a retry: its deadlines still count from the first arrival."""
+    spent = time.monotonic() - t0
+    if spent <= 0 or (opts.timeout_s is None and opts.queue_timeout_s is None):
+        return opts
+
+    def left(limit: float | None) -> float | None:
+        return None if limit is None else max(limit - spent, _MIN_TIMEOUT_S)
+
+    return dataclasses.replace(
+        opts, timeout_s=left(opts.timeout_s), queue_timeout_s=left(opts.queue_timeout_s)
+    )
+
+
+def _error_chunk(request_id: str, message: str) -> GenerationChunk:
+    return GenerationChunk(request_id, "", [], FinishReason.ERROR, error=message)
+
+
+async def _close(chunks: AsyncIterator[GenerationChunk]) -> None:
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        await aclose()
