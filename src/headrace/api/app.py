@@ -24,6 +24,7 @@ from headrace.config import ServerConfig
 from headrace.engine.client import EngineClient
 from headrace.gateway.base import Gateway
 from headrace.metrics.prometheus import Metrics
+from headrace.router import replica_api
 
 log = logging.getLogger("headrace.api")
 
@@ -47,6 +48,7 @@ def build_app(
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     for module in (generate, openai, chat):
         app.include_router(module.router)
+    app.include_router(replica_api.router)  # /v1/stats and what a front end routing here uses
     app.add_api_route("/health", health, methods=["GET"], include_in_schema=True)
     app.add_api_route("/metrics", metrics_route, methods=["GET"], include_in_schema=False)
     return app

@@ -155,8 +155,11 @@ class RequestRun:
         self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
         self.completion_tokens = max(self.completion_tokens, chunk.completion_tokens)
         self.finish_reason = chunk.finish_reason
-        if chunk.finish_reason is FinishReason.ERROR:
-            raise APIError(500, chunk.error or "the engine failed on this request")
+        if chunk.finish_reason is FinishReason.ERROR:  # the engine (a replica) failed: upstream
+            raise APIError(
+                502, chunk.error or "the engine failed on this request", type="server_error",
+                code=502,
+            )  # fmt: skip
         if chunk.finish_reason is FinishReason.OVERLOADED:
             raise APIError(
                 503, chunk.error or "the request did not start within its queue deadline",
