@@ -194,3 +194,16 @@ def test_tiers_on_the_scheduler(fake_engine, make_prompt) -> None:
     assert started["paid"] == 5  # admitted in the step right after it arrived (preempting)
     assert all(started[f"free{i}"] > 5 for i in range(3, 8))  # earlier arrivals, still waiting
     assert min(started[f"batch{i}"] for i in range(4)) > max(started[f"free{i}"] for i in range(8))
+
+
+def test_step_stats_report_the_waiting_work_per_priority(fake_engine, make_prompt) -> None:
+    engine = fake_engine(queue=FairQueue(), max_num_seqs=1)
+    engine.add("a", make_prompt(1, 5), max_tokens=10, priority=1, tenant="x")
+    engine.step()  # "a" runs; the rest wait
+    engine.add("b", make_prompt(2, 6), max_tokens=4, priority=1, tenant="y")
+    engine.add("c", make_prompt(3, 7), max_tokens=3, priority=2, tenant="z")
+    engine.add("d", make_prompt(4, 2), max_tokens=1, priority=1, tenant="x")
+    engine.step()
+    assert engine.stats[-1].waiting_by_priority == ((1, 2, 6 + 4 + 2 + 1), (2, 1, 7 + 3))
+    engine.run()
+    assert engine.stats[-1].waiting_by_priority == ()

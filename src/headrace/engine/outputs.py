@@ -87,6 +87,10 @@ class StepStats:
     num_preemptions_total: int = 0
     waiting_tokens: int = 0  # prompt tokens not yet computed, across waiting requests
     running_tokens: int = 0  # tokens still to compute or generate, across running requests
+    # Waiting requests per priority as (priority, count, work) sorted by priority, where work is
+    # the tokens still to compute and to generate (up to max_tokens): the gateway's wait
+    # estimates. None when the engine does not report it.
+    waiting_by_priority: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def kv_usage(self) -> float:

@@ -24,7 +24,7 @@ from headrace.engine.outputs import (
     TokenLogprobs,
 )
 from headrace.engine.stop_checker import check_stop
-from headrace.engine.waiting_queue import WaitingQueue
+from headrace.engine.waiting_queue import WaitingQueue, waiting_by_priority
 from headrace.request import Request, RequestStatus
 
 # Admission keeps this share of the pool free so that running requests can grow a block
@@ -354,4 +354,5 @@ class Scheduler:
                 r.num_tokens - r.num_computed_tokens + r.params.max_tokens - r.num_output_tokens
                 for r in self.running
             ),
+            waiting_by_priority=waiting_by_priority(self.queue),
         )

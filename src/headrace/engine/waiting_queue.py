@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 from headrace.request import Request
@@ -70,3 +70,14 @@ class PriorityQueue:
 
     def __iter__(self) -> Iterator[Request]:
         return iter([item[3] for item in self._items])
+
+
+def waiting_by_priority(waiting: Iterable[Request]) -> tuple[tuple[int, int, int], ...]:
+    """(priority, count, work) per priority of `waiting`, work being the tokens still to
+    compute and to generate (up to max_tokens): `StepStats.waiting_by_priority`."""
+    totals: dict[int, list[int]] = {}
+    for r in waiting:
+        t = totals.setdefault(r.priority, [0, 0])
+        t[0] += 1
+        t[1] += r.num_tokens - r.num_computed_tokens + r.params.max_tokens - r.num_output_tokens
+    return tuple((p, n, work) for p, (n, work) in sorted(totals.items()))
