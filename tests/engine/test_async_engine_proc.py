@@ -50,7 +50,7 @@ def offline(tiny_model_dir):
 def test_process_engine_streams_cancels_and_shuts_down(tiny_model_dir, offline):
     async def main():
         engine = await AsyncEngine.start(*_configs(tiny_model_dir), served_model_name="tiny")
-        pid = engine._conn.pid  # type: ignore[attr-defined]
+        pid = engine.pid
         try:
             assert (engine.model_name, engine.max_model_len) == ("tiny", 512)
             assert engine.tokenizer.encode(PROMPTS[0]) == offline[0].prompt_token_ids
@@ -93,7 +93,7 @@ def test_a_killed_core_ends_open_streams_with_an_error(tiny_model_dir):
             gens = [engine.generate(f"s{i}", PROMPTS[i], LONG) for i in range(3)]
             for g in gens:
                 await anext(g)
-            os.kill(engine._conn.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+            os.kill(engine.pid, signal.SIGKILL)
             ends = await asyncio.wait_for(asyncio.gather(*map(_drain, gens)), timeout=10)
             late = await asyncio.wait_for(_collect(engine, "late", "Hello", GREEDY), timeout=5)
             return ends, late, engine.is_healthy

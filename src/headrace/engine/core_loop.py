@@ -124,8 +124,10 @@ def run_core_loop(
         now = time.monotonic()
         if core.has_work():
             outputs, stats = core.step()
-            send(CoreOutputs(outputs, stats))
-            last_report = now
+            # A step that ran nothing (a static batch filling up) reports only now and then.
+            if outputs or core.last_step_scheduled or now - last_report >= IDLE_STATS_INTERVAL_S:
+                send(CoreOutputs(outputs, stats))
+                last_report = now
         elif now - last_report >= IDLE_STATS_INTERVAL_S:
             send(CoreOutputs([], core.scheduler.stats()))
             last_report = now

@@ -34,6 +34,7 @@ from headrace.engine.core_loop import (
 log = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 5.0
+_BIG_MESSAGE_BYTES = 1 << 20
 
 
 def core_process_main(
@@ -149,7 +150,9 @@ class ProcessCore:
         while True:
             data = await self._outbox.recv()
             try:
-                msg = pickle.loads(data)
+                # The ready message carries the tokenizer (MBs): keep the event loop free.
+                big = len(data) > _BIG_MESSAGE_BYTES
+                msg = await asyncio.to_thread(pickle.loads, data) if big else pickle.loads(data)
             except Exception:
                 log.exception("engine core sent an unreadable message")
                 continue
