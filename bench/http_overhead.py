@@ -1,0 +1,244 @@
+"""HTTP overhead: the server's end-to-end output tokens/s against the engine alone, same load.
+
+For each concurrency level (closed loop: N clients, each sends its next request when the last
+one ends), the same greedy requests (fixed prompts, `ignore_eos`, fixed max_tokens) run
+(a) straight on an `AsyncEngine` in this process and (b) through a `headrace serve` process over
+streaming /v1/completions. While (b) runs, a prober times /health. Prints JSON.
+
+    .venv/bin/python bench/http_overhead.py                       # Gemma 3 270M
+    .venv/bin/python bench/http_overhead.py --model DIR --levels 1 8 32 --max-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
+from headrace.engine.async_engine import AsyncEngine
+from headrace.request import SamplingParams
+
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "wizards",
+    "quietly",
+    "judge",
+    "boxing",
+]
+
+
+@dataclass
+class Run:
+    tokens: int = 0
+    requests: int = 0
+    seconds: float = 0.0
+    health_ms: list[float] = field(default_factory=list)
+
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def summary(self) -> dict[str, float]:
+        out: dict[str, float] = {
+            "requests": self.requests,
+            "output_tokens": self.tokens,
+            "seconds": round(self.seconds, 3),
+            "tokens_per_s": round(self.tokens_per_s(), 2),
+        }
+        if self.health_ms:
+            ms = sorted(self.health_ms)
+            out["health_p50_ms"] = round(statistics.median(ms), 2)
+            out["health_p99_ms"] = round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 2)
+            out["health_max_ms"] = round(ms[-1], 2)
+            out["health_probes"] = len(ms)
+        return out
+
+
+def prompts(n: int, words: int) -> list[str]:
+    return [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(words)) for i in range(n)]
+
+
+async def closed_loop(
+    concurrency: int, work: list[str], one: Callable[[int, str], Awaitable[int]]
+) -> Run:
+    """`concurrency` workers drain `work`; `one(i, prompt)` returns the tokens it produced."""
+    run, queue = Run(), list(enumerate(work))
+
+    async def worker() -> None:
+        while queue:
+            i, prompt = queue.pop()
+            tokens = await one(i, prompt)  # not `+= await`: that reads the total before awaiting
+            run.tokens += tokens
+            run.requests += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    run.seconds = time.perf_counter() - t0
+    return run
+
+
+async def engine_alone(
+    args: argparse.Namespace, configs: tuple, levels: dict[int, list[str]]
+) -> dict[int, Run]:
+    engine = await AsyncEngine.start(*configs, served_model_name="bench")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    try:
+
+        async def one(i: int, prompt: str) -> int:
+            tokens = 0
+            async for chunk in engine.generate(f"r{i}-{time.monotonic_ns()}", prompt, params):
+                tokens = chunk.completion_tokens
+            return tokens
+
+        await closed_loop(2, prompts(2, 8), one)  # warm-up
+        return {n: await closed_loop(n, work, one) for n, work in levels.items()}
+    finally:
+        await engine.close()
+
+
+async def through_server(
+    url: str, args: argparse.Namespace, levels: dict[int, list[str]]
+) -> dict[int, Run]:
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
+        async def one(i: int, prompt: str) -> int:
+            body = {
+                "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+            }  # fmt: skip
+            tokens = 0
+            async with client.stream("POST", "/v1/completions", json=body) as r:
+                r.raise_for_status()
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {") and '"usage":{' in line:
+                        tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+            return tokens
+
+        await closed_loop(2, prompts(2, 8), one)  # warm-up
+        out = {}
+        for n, work in levels.items():
+            done = asyncio.Event()
+            probe = asyncio.ensure_future(probe_health(url, done))
+            out[n] = await closed_loop(n, work, one)
+            done.set()
+            out[n].health_ms = await probe
+        return out
+
+
+async def probe_health(url: str, done: asyncio.Event, every_s: float = 0.02) -> list[float]:
+    """/health round trips (ms) on a connection of its own until `done`."""
+    times = []
+    async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+        while not done.is_set():
+            t0 = time.perf_counter()
+            r = await c.get("/health")
+            times.append((time.perf_counter() - t0) * 1000)
+            assert r.status_code == 200, r.text
+            await asyncio.sleep(every_s)
+    return times
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [
+        sys.executable,
+        "-m",
+        "headrace.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    cmd += engine_flags(args)
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("server did not become ready")
+
+
+def engine_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--max-model-len", str(args.max_model_len), "--max-num-seqs", str(max(args.levels))]
+    flags += ["--model", args.model] if args.model else []
+    flags += ["--dtype", args.dtype]
+    return flags
+
+
+def configs(args: argparse.Namespace) -> tuple[ModelConfig, CacheConfig, SchedulerConfig]:
+    model = ModelConfig(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len)
+    return model, CacheConfig(), SchedulerConfig(max_num_seqs=max(args.levels))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="GGUF or HF dir (default: Gemma 3 270M)")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompt-words", type=int, default=32)
+    p.add_argument("--requests-per-stream", type=int, default=2)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    args = p.parse_args()
+    levels = {n: prompts(n * args.requests_per_stream, args.prompt_words) for n in args.levels}
+
+    alone = asyncio.run(engine_alone(args, configs(args), levels))
+    proc, url = start_server(args)
+    try:
+        served = asyncio.run(through_server(url, args, levels))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    result = {
+        "model": args.model or "gemma-3-270m (embedded)",
+        "max_tokens": args.max_tokens,
+        "prompt_words": args.prompt_words,
+        "cpus": os.cpu_count(),
+        "levels": {
+            str(n): {
+                "engine": alone[n].summary(),
+                "server": served[n].summary(),
+                "server_vs_engine": round(served[n].tokens_per_s() / alone[n].tokens_per_s(), 3),
+            }
+            for n in args.levels
+        },
+        "targets": {"server_vs_engine_at_32": 0.9, "health_p99_ms": 50},
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
