@@ -29,8 +29,8 @@ from headrace.engine.core_loop import (
     RunnerFactory,
 )
 from headrace.engine.engine_core import EngineCoreRequest
+from headrace.engine.limits import check_fits
 from headrace.engine.outputs import RequestOutput, StepStats
-from headrace.engine.scheduler import check_fits
 from headrace.engine.text_stream import RequestTextStream
 from headrace.request import SamplingParams
 

@@ -15,6 +15,7 @@ from headrace.config import SchedulerConfig
 from headrace.engine.admission import make_admission
 from headrace.engine.block_manager import BlockManager, blocks_for
 from headrace.engine.fair_queue import FairQueue
+from headrace.engine.limits import check_fits
 from headrace.engine.outputs import (
     RequestOutput,
     RunnerOutput,
@@ -23,32 +24,15 @@ from headrace.engine.outputs import (
     StepStats,
     TokenLogprobs,
 )
+from headrace.engine.preemption import priority_victims
+from headrace.engine.step_stats import collect_stats
 from headrace.engine.stop_checker import check_stop
-from headrace.engine.waiting_queue import WaitingQueue, waiting_by_priority
+from headrace.engine.waiting_queue import WaitingQueue
 from headrace.request import Request, RequestStatus
 
 # Admission keeps this share of the pool free so that running requests can grow a block
 # without preempting a request that was admitted a step earlier.
 _WATERMARK = 0.01
-
-
-def check_fits(
-    num_prompt_tokens: int, max_tokens: int, max_model_len: int, capacity_tokens: int
-) -> None:
-    """Raise ValueError, stating the limits, for a request that could never run."""
-    total = num_prompt_tokens + max_tokens
-    if num_prompt_tokens < 1:
-        raise ValueError("the prompt is empty")
-    if total > max_model_len:
-        raise ValueError(
-            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
-            f"exceeds the model's context of {max_model_len} tokens"
-        )
-    if total > capacity_tokens:
-        raise ValueError(
-            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
-            f"exceeds the KV cache's capacity of {capacity_tokens} tokens"
-        )
 
 
 def _rank(req: Request) -> tuple[int, float]:
@@ -129,16 +113,14 @@ class Scheduler:
         plan: dict[str, int] = {}  # request id -> tokens this step, in scheduling order
         budget = self.config.max_num_batched_tokens
         preempted: set[str] = set()
-        for decode in (True, False):
+        # Decode tokens first, so that a long prompt's chunks never stall running streams.
+        for decodes in (True, False):
             for req in list(self.running):
+                remaining = req.num_tokens - req.num_computed_tokens
                 if budget == 0:
                     break
-                remaining = req.num_tokens - req.num_computed_tokens
-                if (
-                    req.request_id in plan
-                    or req.request_id in preempted
-                    or ((remaining == 1) != decode)
-                ):
+                rid = req.request_id
+                if (remaining == 1) != decodes or rid in plan or rid in preempted:
                     continue
                 budget -= self._schedule_running(req, min(remaining, budget), plan, preempted)
         budget = self._admit(budget, plan, preempted, now)
@@ -234,23 +216,18 @@ class Scheduler:
         """
         if not self.admission.allows_priority_preemption:
             return None
-        victims = [
-            r
-            for r in reversed(self.running)
-            if r.priority > req.priority and r.num_preemptions < self.config.max_preemptions
-        ]
-        need = blocks_for(req.num_computed_tokens + n, self.blocks.block_size)
-        free = self.blocks.num_free_blocks
-        chosen: list[Request] = []
-        for victim in victims:
-            enough_seqs = len(self.running) - len(chosen) < self.config.max_num_seqs
-            if enough_seqs and need <= free:
-                break
-            chosen.append(victim)
-            free += self.blocks.num_blocks_of(victim.request_id)
-        if len(self.running) - len(chosen) >= self.config.max_num_seqs or need > free:
+        victims = priority_victims(
+            self.running,
+            req,
+            need_blocks=blocks_for(req.num_computed_tokens + n, self.blocks.block_size),
+            free_blocks=self.blocks.num_free_blocks,
+            blocks_of=lambda r: self.blocks.num_blocks_of(r.request_id),
+            max_num_seqs=self.config.max_num_seqs,
+            max_preemptions=self.config.max_preemptions,
+        )
+        if victims is None:
             return None
-        return sum(self._preempt(victim, plan, preempted) for victim in chosen)
+        return sum(self._preempt(victim, plan, preempted) for victim in victims)
 
     def _preempt(self, victim: Request, plan: dict[str, int], preempted: set[str]) -> int:
         """Free the victim's blocks and send it back to wait; returns the budget it held."""
@@ -338,21 +315,7 @@ class Scheduler:
     def stats(self, out: SchedulerOutput | None = None, step_duration: float = 0.0) -> StepStats:
         """Gauges now, with the token counts of `out` (the step just run), if given."""
         batched = out.num_batched_tokens if out is not None else 0
-        prefill = min(self._last_prefill, batched)
-        return StepStats(
-            step_duration=step_duration,
-            num_running=len(self.running),
-            num_waiting=len(self.queue),
-            num_batched_tokens=batched,
-            num_prefill_tokens=prefill,
-            num_decode_tokens=batched - prefill,
-            kv_blocks_used=self.blocks.num_used_blocks,
-            kv_blocks_total=self.blocks.num_blocks,
-            num_preemptions_total=self.num_preemptions_total,
-            waiting_tokens=sum(r.num_tokens - r.num_computed_tokens for r in self.queue),
-            running_tokens=sum(
-                r.num_tokens - r.num_computed_tokens + r.params.max_tokens - r.num_output_tokens
-                for r in self.running
-            ),
-            waiting_by_priority=waiting_by_priority(self.queue),
-        )
+        return collect_stats(
+            self.running, self.queue, self.blocks, self.num_preemptions_total,
+            batched, min(self._last_prefill, batched), step_duration,
+        )  # fmt: skip

@@ -1,0 +1,40 @@
+"""The gauges a scheduler reports after each step (metrics, router load, gateway estimates)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from headrace.engine.block_manager import BlockManager
+from headrace.engine.outputs import StepStats
+from headrace.engine.waiting_queue import WaitingQueue, waiting_by_priority
+from headrace.request import Request
+
+
+def collect_stats(
+    running: Sequence[Request],
+    queue: WaitingQueue,
+    blocks: BlockManager,
+    num_preemptions_total: int,
+    num_batched_tokens: int,
+    num_prefill_tokens: int,
+    step_duration: float,
+) -> StepStats:
+    return StepStats(
+        step_duration=step_duration,
+        num_running=len(running),
+        num_waiting=len(queue),
+        num_batched_tokens=num_batched_tokens,
+        num_prefill_tokens=num_prefill_tokens,
+        num_decode_tokens=num_batched_tokens - num_prefill_tokens,
+        kv_blocks_used=blocks.num_used_blocks,
+        kv_blocks_total=blocks.num_blocks,
+        num_preemptions_total=num_preemptions_total,
+        waiting_tokens=_tokens_to_compute(queue),
+        running_tokens=_tokens_to_compute(running)
+        + sum(r.params.max_tokens - r.num_output_tokens for r in running),
+        waiting_by_priority=waiting_by_priority(queue),
+    )
+
+
+def _tokens_to_compute(reqs: Iterable[Request]) -> int:
+    return sum(r.num_tokens - r.num_computed_tokens for r in reqs)
