@@ -95,6 +95,29 @@ def test_closing_the_iterator_aborts_and_frees_blocks(fake_runner, fake_tokenize
     assert again[-1].finish_reason is FinishReason.LENGTH
 
 
+def test_cancelling_the_consumer_task_aborts_the_request(fake_runner, fake_tokenizer):
+    async def main():
+        engine, _ = await _start(fake_runner, fake_tokenizer, step_delay_s=0.01)
+        try:
+            got = asyncio.Event()
+
+            async def consume():
+                gen = engine.generate("c", "Hello", SamplingParams(max_tokens=200, ignore_eos=True))
+                async for _ in gen:
+                    got.set()
+
+            task = asyncio.create_task(consume())
+            await got.wait()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await _until(lambda: engine.stats().kv_blocks_used == 0, timeout=1.0)
+            return engine.stats().num_running, engine.num_open_requests
+        finally:
+            await engine.close()
+
+    assert asyncio.run(main()) == (0, 0)
+
+
 def test_abort_timeout_and_refusal(fake_runner, fake_tokenizer):
     async def main():
         engine, _ = await _start(fake_runner, fake_tokenizer, step_delay_s=0.005)
