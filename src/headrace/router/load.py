@@ -17,10 +17,12 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from headrace.engine.outputs import StepStats
 
 SETTLE_REPORTS = 3
+NOT_REPORTED_FREE_BLOCKS = 1 << 30  # a replica yet to report is empty: it wins a tie
 
 
 @dataclass
@@ -30,9 +32,12 @@ class _Dispatched:
 
 
 class LoadTracker:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, baseline: StepStats | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """`baseline`: what the engine shows before its first report (not a report itself)."""
         self._clock = clock
-        self.reported = StepStats()
+        self.reported = baseline if baseline is not None else StepStats()
         self.reports = 0  # new reports seen so far
         self.last_report_at = self._clock()
         self._dispatched: dict[str, _Dispatched] = {}
@@ -73,6 +78,8 @@ class LoadTracker:
 
     @property
     def free_blocks(self) -> int:
+        if self.reports == 0:  # (re)started, not reported yet: empty
+            return NOT_REPORTED_FREE_BLOCKS
         return max(self.reported.kv_blocks_total - self.reported.kv_blocks_used, 0)
 
     def silent_for(self) -> float:
@@ -81,13 +88,23 @@ class LoadTracker:
 
 
 def sum_stats(stats: Iterable[StepStats]) -> StepStats:
-    """One model's stats over its replicas: counts add up, the step time is the longest."""
-    total: dict[str, float] = {}
+    """One model's stats over its replicas: counts add up, the step time is the longest,
+    the waiting work per priority adds up priority by priority."""
+    total: dict[str, Any] = {}
+    by_priority: dict[int, tuple[int, int]] = {}
+    reported = False
     for s in stats:
         for f in dataclasses.fields(StepStats):
             value = getattr(s, f.name)
-            if f.name == "step_duration":
+            if f.name == "waiting_by_priority":
+                reported = reported or value is not None
+                for prio, count, work in value or ():
+                    c, w = by_priority.get(prio, (0, 0))
+                    by_priority[prio] = (c + count, w + work)
+            elif f.name == "step_duration":
                 total[f.name] = max(total.get(f.name, 0.0), value)
             else:
                 total[f.name] = total.get(f.name, 0) + value
-    return StepStats(**total)  # type: ignore[arg-type]
+    if reported:
+        total["waiting_by_priority"] = tuple((p, *by_priority[p]) for p in sorted(by_priority))
+    return StepStats(**total)

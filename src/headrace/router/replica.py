@@ -57,7 +57,7 @@ class Replica:
         self.engine = engine
         self.info = ReplicaInfo(engine.model_name, engine.max_model_len, engine.tokenizer)
         self.state = ReplicaState.HEALTHY
-        self.load = LoadTracker()
+        self.load = LoadTracker(engine.stats())
         self.restarts = 0
         self.routed = 0  # requests dispatched here, retries included
         self.in_flight = 0
@@ -113,7 +113,7 @@ class Replica:
 
     def rejoin(self) -> None:
         log.warning("replica %s is back in rotation", self.name)
-        self.load = LoadTracker()
+        self.load = LoadTracker(self.engine.stats())
         self.state = ReplicaState.HEALTHY
         self.healthy_since = time.monotonic()
 

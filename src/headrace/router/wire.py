@@ -74,4 +74,7 @@ def stats_json(stats: StepStats) -> dict[str, Any]:
 
 def stats_from_json(data: dict[str, Any]) -> StepStats:
     names = {f.name for f in dataclasses.fields(StepStats)}
-    return StepStats(**{k: v for k, v in data.items() if k in names})
+    fields = {k: v for k, v in data.items() if k in names}
+    if fields.get("waiting_by_priority") is not None:
+        fields["waiting_by_priority"] = tuple(tuple(x) for x in fields["waiting_by_priority"])
+    return StepStats(**fields)

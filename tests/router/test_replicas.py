@@ -1,0 +1,200 @@
+"""Two replicas of one model behind the router, as real processes on 127.0.0.1: both serve,
+least load picks the less-loaded one, a killed or hung replica is replaced while requests
+that had not started move to the other one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from api.helpers import Server
+
+from router.conftest import prompt, replicas, routed, running, serve_args
+
+STALL_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def server(
+    tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    args = serve_args(
+        f"alpha={tiny_models['alpha']}:2",
+        extra=("--max-num-seqs", "2", "--replica-stall-timeout-s", str(STALL_S)),
+    )
+    with running(args, tmp_path_factory.mktemp("replicas")) as s:
+        yield s
+
+
+def body(max_tokens: int, *, words: int = 8, stream: bool = False) -> dict[str, Any]:
+    return {
+        "model": "alpha", "prompt": prompt(words), "max_tokens": max_tokens,
+        "temperature": 0, "ignore_eos": True, "stream": stream,
+    }  # fmt: skip
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+async def one(client: httpx.AsyncClient, b: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+    """(status, events): a stream's JSON events, or the one JSON body."""
+    if not b["stream"]:
+        r = await client.post("/v1/generate", json=b)
+        return r.status_code, [r.json()]
+    async with client.stream("POST", "/v1/generate", json=b) as r:
+        lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+    return r.status_code, [json.loads(x[6:]) for x in lines if x != "data: [DONE]"]
+
+
+def succeeded(status: int, events: list[dict[str, Any]], max_tokens: int) -> bool:
+    last = events[-1] if events else {}
+    return (
+        status == 200
+        and last.get("finish_reason") == "length"
+        and last["usage"]["completion_tokens"] == max_tokens
+    )
+
+
+def test_both_replicas_serve_under_concurrent_load(server: Server) -> None:
+    before = routed(server.url, "alpha")
+
+    async def run() -> list[tuple[int, list[dict[str, Any]]]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+            return await asyncio.gather(*(one(c, body(24)) for _ in range(8)))
+
+    results = asyncio.run(run())
+    assert all(succeeded(s, e, 24) for s, e in results), results
+    after = routed(server.url, "alpha")
+    served = {name: after[name] - before[name] for name in after}
+    assert sum(served.values()) == 8
+    assert min(served.values()) >= 2, served
+
+
+def test_least_load_sends_a_new_request_to_the_less_loaded_replica(server: Server) -> None:
+    async def run() -> tuple[list[dict[str, Any]], dict[str, int], dict[str, int]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+            streams = []  # (context, lines): a dropped line iterator would close its stream
+            for max_tokens in (480, 40):  # a long request, then a short one: unequal loads
+                cm = c.stream("POST", "/v1/generate", json=body(max_tokens, stream=True))
+                lines = (await cm.__aenter__()).aiter_lines()
+                streams.append((cm, lines))
+                while not (await anext(lines)).startswith("data: "):
+                    pass  # its first text arrived: it is running
+            try:
+                seen = await asyncio.to_thread(replicas, server.url, "alpha")
+                before = {r["name"]: r["routed"] for r in seen}
+                r = await c.post("/v1/generate", json=body(1))
+                assert r.status_code == 200
+                after = await asyncio.to_thread(routed, server.url, "alpha")
+            finally:
+                for cm, _ in streams:
+                    await cm.__aexit__(None, None, None)  # leave: the router aborts them
+            return seen, before, after
+
+    seen, before, after = asyncio.run(run())
+    load = {r["name"]: r["reported_tokens"] for r in seen}
+    assert all(r["num_running"] == 1 for r in seen), json.dumps(seen, indent=1)
+    assert max(load.values()) - min(load.values()) > 150, load
+    (chosen,) = [name for name in after if after[name] > before[name]]
+    assert chosen == min(load, key=lambda name: load[name]), (chosen, load)
+
+
+def test_sigkill_a_replica_mid_load(server: Server) -> None:
+    url = server.url
+    n, max_tokens = 10, 200
+    retries_before = httpx.get(url + "/v1/stats").json()["models"]["alpha"]["retries"]
+
+    async def run() -> tuple[list[tuple[int, list[dict[str, Any]]]], dict[str, Any], float]:
+        async with httpx.AsyncClient(base_url=url, timeout=90) as c:
+            tasks = [
+                asyncio.ensure_future(one(c, body(max_tokens, stream=i % 2 == 0)))
+                for i in range(n)
+            ]
+
+            def all_placed() -> bool:  # 2 running + 3 waiting on each replica
+                reps = replicas(url, "alpha")
+                return sum(r["num_running"] + r["num_waiting"] for r in reps) == n
+
+            await asyncio.to_thread(wait_for, all_placed, 30, "every request placed")
+            victim = (await asyncio.to_thread(replicas, url, "alpha"))[0]
+            os.kill(victim["pid"], signal.SIGKILL)
+            t0 = time.monotonic()
+            results = await asyncio.wait_for(asyncio.gather(*tasks), 90)  # nobody hangs
+            return results, victim, time.monotonic() - t0
+
+    results, victim, took = asyncio.run(run())
+    ok = [r for r in results if succeeded(*r, max_tokens)]
+    failed = [r for r in results if not succeeded(*r, max_tokens)]
+    # only the requests already streaming on the killed replica may fail
+    assert len(failed) <= victim["num_running"] and len(ok) >= n - victim["num_running"]
+    assert victim["num_waiting"] >= 1
+    for status, events in failed:
+        error = events[-1]["error"]
+        assert status in (200, 502) and "exited" in error["message"], (status, events)
+        if status == 502:
+            assert error["code"] == 502  # non-streaming: the JSON error
+        else:
+            assert len(events) >= 2  # streaming: text, then the SSE error event
+    stats = httpx.get(url + "/v1/stats").json()["models"]["alpha"]
+    assert stats["retries"] - retries_before >= victim["num_waiting"]
+
+    def restarted() -> bool:
+        rep = replicas(url, "alpha")[0]
+        return rep["state"] == "healthy" and rep["restarts"] == 1 and rep["pid"] != victim["pid"]
+
+    wait_for(restarted, 90, "the killed replica to restart")
+    before = routed(url, "alpha")
+    for _ in range(4):
+        r = httpx.post(url + "/v1/generate", json=body(4), timeout=60)
+        assert succeeded(r.status_code, [r.json()], 4)
+    assert routed(url, "alpha")[victim["name"]] > before[victim["name"]], json.dumps(
+        replicas(url, "alpha"), indent=1
+    )
+    idle = lambda: all(  # noqa: E731
+        r["kv_blocks_used"] == 0 and r["in_flight"] == 0 and r["kv_blocks_total"] > 0
+        for r in replicas(url, "alpha")
+    )
+    wait_for(idle, 10, "every replica to report 0 used KV blocks")
+    health = httpx.get(url + "/health").json()
+    assert [r["state"] for r in health["replicas"]["alpha"]] == ["healthy", "healthy"]
+
+
+def test_a_replica_that_stops_answering_is_replaced(server: Server) -> None:
+    url = server.url
+    victim = replicas(url, "alpha")[1]
+    os.kill(victim["pid"], signal.SIGSTOP)  # alive, but silent: no more stats
+    try:
+
+        async def run() -> list[tuple[int, list[dict[str, Any]]]]:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+                return await asyncio.gather(*(one(c, body(8)) for _ in range(4)))
+
+        t0 = time.monotonic()
+        results = asyncio.run(run())  # some land on the silent one: retried once it is killed
+        assert all(succeeded(s, e, 8) for s, e in results), results
+        assert time.monotonic() - t0 < STALL_S + 20
+
+        def replaced() -> bool:
+            rep = replicas(url, "alpha")[1]
+            return rep["state"] == "healthy" and rep["pid"] != victim["pid"]
+
+        wait_for(replaced, 90, "the silent replica to be replaced")
+        rep = replicas(url, "alpha")[1]
+        assert rep["restarts"] == victim["restarts"] + 1
+        assert "no report" in rep["last_error"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim["pid"], signal.SIGCONT)
