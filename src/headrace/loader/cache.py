@@ -1,4 +1,4 @@
-"""Where converted GGUF models live: `<cache>/headrace/<stem>-<sha256 prefix>/`, a dense HF
+"""Where converted GGUF models live: `<cache>/headrace/<stem>-<sha256>-v<converter>/`, a dense HF
 directory written once (atomically) and reused by every later start."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from headrace.loader.errors import ModelLoadError
-from headrace.loader.gguf import convert_gguf
+from headrace.loader.gguf import CONVERTER_VERSION, convert_gguf
 
 log = logging.getLogger(__name__)
 COMPLETE = ".complete"
@@ -37,7 +37,7 @@ def converted_dir(gguf_path: Path, root: Path | None = None) -> Path:
     if not gguf_path.is_file():
         raise ModelLoadError(f"{gguf_path}: no such GGUF file")
     root = root or cache_root()
-    target = root / f"{gguf_path.stem}-{file_digest(gguf_path)[:16]}"
+    target = root / f"{gguf_path.stem}-{file_digest(gguf_path)[:16]}-v{CONVERTER_VERSION}"
     if (target / COMPLETE).is_file():
         log.info("using cached conversion %s", target)
         return target

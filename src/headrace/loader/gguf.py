@@ -27,6 +27,8 @@ from headrace.loader.gguf_config import hf_config
 from headrace.loader.gguf_tokenizer import build_gguf_tokenizer
 
 log = logging.getLogger(__name__)
+# Part of the cache key: bump when the conversion's output changes.
+CONVERTER_VERSION = 1
 
 LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -114,7 +116,7 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
         if name is None:
             continue
         try:
-            data = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+            data = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)
         except Exception as e:
             raise ModelLoadError(f"{path}: cannot dequantize tensor {t.name!r}: {e}") from e
         data = convert_tensor(name, data, arch, cfg)

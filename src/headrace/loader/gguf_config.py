@@ -64,23 +64,28 @@ def _scaling(key: Any) -> dict[str, Any]:
 
 
 def _gemma3(key: Any, num_layers: int) -> dict[str, Any]:
-    """Gemma 3 facts the file leaves out take transformers' Gemma3TextConfig defaults."""
-    pattern = 6
+    """Facts the file may leave out take llama.cpp's values (which match transformers' for the
+    released sizes): every 6th layer global, attention scaled by the head size."""
+    pattern = key("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):  # one flag per layer: True = sliding
+        sliding = [bool(p) for p in pattern]
+    else:
+        sliding = [bool((i + 1) % pattern) for i in range(num_layers)]
     full = {"rope_type": "default", "rope_theta": key("rope.freq_base", 1_000_000.0)}
     full.update(_scaling(key))
     return {
         "hidden_activation": "gelu_pytorch_tanh",
-        "query_pre_attn_scalar": 256,
+        "query_pre_attn_scalar": key("attention.key_length", 256),
         "sliding_window": key("attention.sliding_window", 4096),
-        "layer_types": [
-            "sliding_attention" if (i + 1) % pattern else "full_attention"
-            for i in range(num_layers)
-        ],
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
         "rope_parameters": {
             "full_attention": full,
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "sliding_attention": {
+                "rope_type": "default",
+                "rope_theta": key("rope.freq_base_swa", 10_000.0),
+            },
         },
-        "final_logit_softcapping": None,
+        "final_logit_softcapping": key("final_logit_softcapping"),
         "attn_logit_softcapping": None,
         "attention_bias": False,
     }

@@ -31,6 +31,12 @@ class Tokenizer:
             named = {t.get("name"): t.get("template") for t in self._template}
             self._template = named.get("default") or next(iter(named.values()), None)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (the engine sends it across processes); compiled templates are rebuilt."""
+        state = dict(self.__dict__)
+        state["_compiled"] = {}
+        return state
+
     @classmethod
     def from_file(
         cls, path: str | Path, tokenizer_config: dict[str, Any] | None = None

@@ -67,33 +67,28 @@ class WeightLoader:
 
     def finish(self) -> None:
         """Check nothing is missing, then swap the meta parameters for the loaded ones."""
-        missing = [name for name in self.storage if not self._complete(name)]
+        missing = [hf for name in self.storage for hf in self._missing(name)]
         if missing:
-            raise ModelLoadError(f"missing tensors: {', '.join(_hf_names(self.model, missing))}")
+            shown = ", ".join(missing[:8]) + (
+                f" ... ({len(missing) - 8} more)" if len(missing) > 8 else ""
+            )
+            raise ModelLoadError(f"missing tensors: {shown}")
         for name, tensor in self.storage.items():
             owner, _, leaf = name.rpartition(".")
-            setattr(
-                self.model.get_submodule(owner), leaf, nn.Parameter(tensor, requires_grad=False)
-            )
+            param = nn.Parameter(tensor, requires_grad=False)
+            setattr(self.model.get_submodule(owner), leaf, param)
 
-    def _complete(self, name: str) -> bool:
+    def _missing(self, name: str) -> list[str]:
+        """HF names of the parts of parameter `name` that no tensor filled."""
         module = self.model.get_submodule(name.rsplit(".", 1)[0])
         if isinstance(module, MergedLinear) and len(module.out_sizes) > 1:
-            return all((name, i) in self.filled for i in range(len(module.out_sizes)))
-        return (name, None) in self.filled
+            merged = name.split(".")[-2]
+            return [
+                name.replace(f".{merged}.", f".{_PART_NAMES[(merged, i)]}.")
+                for i in range(len(module.out_sizes))
+                if (name, i) not in self.filled
+            ]
+        return [] if (name, None) in self.filled else [name]
 
 
-def _hf_names(model: nn.Module, names: list[str]) -> list[str]:
-    """Our parameter names back in HF spelling, for error messages."""
-    reverse: dict[str, list[str]] = {}
-    for hf_part, (merged, _) in STACKED.items():
-        reverse.setdefault(merged, []).append(hf_part)
-    out: list[str] = []
-    for name in names:
-        parts = name.split(".")
-        hits = [p for p in parts if p in reverse]
-        if hits:
-            out.extend(name.replace(hits[0], h) for h in reverse[hits[0]])
-        else:
-            out.append(name)
-    return out[:8] + ([f"... ({len(out) - 8} more)"] if len(out) > 8 else [])
+_PART_NAMES = {target: hf for hf, target in STACKED.items()}
