@@ -177,3 +177,11 @@ def test_stats_arrive_while_idle_and_close_ends_open_streams(fake_runner, fake_t
     rest, healthy = asyncio.run(main())
     assert rest[-1].finish_reason is FinishReason.ERROR
     assert not healthy
+
+
+def test_a_core_that_cannot_load_its_model_fails_start_with_the_reason(tmp_path):
+    async def main():
+        with pytest.raises(RuntimeError, match="no such GGUF file or model directory"):
+            await AsyncEngine.start(ModelConfig(model=str(tmp_path / "missing")), in_process=True)
+
+    asyncio.run(main())
