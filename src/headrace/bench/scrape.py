@@ -98,7 +98,7 @@ class MetricsScraper:
         return snap if any(v is not None for v in known) else None
 
     async def start(self, t0: float) -> None:
-        self.first = await self.scrape(t0)
+        self.first = await self.settled(t0)
         self.available = self.first is not None
 
     async def poll(self, t0: float, stop: asyncio.Event) -> None:
@@ -110,21 +110,26 @@ class MetricsScraper:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.interval)
 
-    async def finish(self, t0: float, settle_tries: int = 5) -> None:
-        """Last scrape; servers may count tokens a moment after streaming them, so wait until
-        the counter stops moving (a few hundred ms at most)."""
-        if not self.available:
-            return
-        self.last = await self.scrape(t0)
-        for _ in range(settle_tries):
+    async def finish(self, t0: float) -> None:
+        if self.available:
+            self.last = await self.settled(t0)
+
+    async def settled(self, t0: float, tries: int = 5) -> Snapshot | None:
+        """A scrape once the token counter stopped moving: servers may count a request's
+        tokens a moment after its stream ended (Headrace does when the response closes)."""
+        snap = await self.scrape(t0)
+        for _ in range(tries):
+            if snap is None or snap.generation_tokens is None:
+                break
             await asyncio.sleep(0.2)
             again = await self.scrape(t0)
-            if again is None or self.last is None:
+            if again is None:
                 break
-            settled = again.generation_tokens == self.last.generation_tokens
-            self.last = again
+            settled = again.generation_tokens == snap.generation_tokens
+            snap = again
             if settled:
                 break
+        return snap
 
     def generation_tokens_delta(self) -> float | None:
         if self.first is None or self.last is None:
