@@ -44,7 +44,7 @@ LLAMA3 = (
 GENERIC = (
     "{{ bos_token or '' }}"
     "{%- for message in messages -%}"
-    "{{ message['role'] | capitalize }}: {{ message['content'] }}\n"
+    "{{ message['role'] | capitalize + ': ' + message['content'] + '\n' }}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}Assistant:{%- endif -%}"
 )

@@ -15,16 +15,14 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from headrace.loader.chat_templates import TURN_END_TOKENS, default_template
 from headrace.loader.errors import ModelLoadError
-from headrace.loader.gguf_tokenizer import template_processor
 
 
 class Tokenizer:
     def __init__(self, tokenizer: HFTokenizer, config: dict[str, Any] | None = None) -> None:
         self.config = dict(config or {})
         self._tok = tokenizer
-        # transformers rebuilds the post-processor when the config states the BOS/EOS flags
-        if "add_bos_token" in self.config or "add_eos_token" in self.config:
-            self._tok.post_processor = template_processor(self._tok, self.config)
+        # As in transformers 5, tokenizer.json's post-processor alone decides about BOS/EOS;
+        # tokenizer_config's add_bos_token / add_eos_token are ignored.
         self._compiled: dict[str, jinja2.Template] = {}
         self._template = self.config.get("chat_template")
         if isinstance(self._template, list):  # named templates: take the default one
