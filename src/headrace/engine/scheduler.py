@@ -39,6 +39,16 @@ def _rank(req: Request) -> tuple[int, float]:
     return (req.priority, req.arrival_time)
 
 
+def _token_slice(req: Request, start: int, n: int) -> list[int]:
+    """all_token_ids[start : start + n] without copying a long prompt for every decode."""
+    p = req.num_prompt_tokens
+    if start >= p:
+        return req.output_token_ids[start - p : start - p + n]
+    if start + n <= p:
+        return req.prompt_token_ids[start : start + n]
+    return req.all_token_ids[start : start + n]
+
+
 class Scheduler:
     def __init__(
         self,
@@ -251,7 +261,7 @@ class Scheduler:
             scheduled.append(
                 ScheduledRequest(
                     request_id=rid,
-                    token_ids=req.all_token_ids[start : start + n],
+                    token_ids=_token_slice(req, start, n),
                     start_pos=start,
                     block_ids=self.blocks.block_table(rid),
                     sample=start + n == req.num_tokens,
