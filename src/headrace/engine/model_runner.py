@@ -14,9 +14,10 @@ from headrace.engine.outputs import RunnerOutput, SchedulerOutput, TokenLogprobs
 from headrace.engine.sampler import Sampler
 from headrace.engine.step_inputs import build_step_inputs
 from headrace.loader.cache import resolve_model
-from headrace.loader.hf import load_model, read_json
+from headrace.loader.hf import load_model, read_config, read_json
 from headrace.loader.tokenizer import Tokenizer
 from headrace.models.base import CausalLM
+from headrace.models.registry import architecture_of
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,7 +38,8 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 def load_tokenizer(model_dir: Path) -> Tokenizer:
     config_path = model_dir / "tokenizer_config.json"
     config = read_json(config_path, "tokenizer config") if config_path.is_file() else None
-    return Tokenizer.from_file(model_dir / "tokenizer.json", config)
+    arch = architecture_of(read_config(model_dir))
+    return Tokenizer.from_file(model_dir / "tokenizer.json", config, arch)
 
 
 def generation_eos_ids(model_dir: Path) -> tuple[int, ...]:

@@ -59,7 +59,17 @@ FAMILIES: list[tuple[str, str, str | None]] = [
 TURN_END_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>")
 
 
-def default_template(vocab: dict[str, int]) -> str:
+BY_ARCHITECTURE = {
+    "Gemma3ForCausalLM": GEMMA,
+    "Qwen2ForCausalLM": CHATML,
+    "Qwen3ForCausalLM": CHATML,
+}
+
+
+def default_template(vocab: dict[str, int], architecture: str | None = None) -> str:
+    """By architecture where it settles the format, else by the vocabulary's markers."""
+    if architecture in BY_ARCHITECTURE:
+        return BY_ARCHITECTURE[architecture]
     for marker, template, _ in FAMILIES:
         if marker in vocab:
             return template

@@ -34,22 +34,21 @@ def build_gguf_tokenizer(meta: dict[str, Any], source: str) -> tuple[Tokenizer, 
     spelled = [SPIECE_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {token: index for index, token in enumerate(spelled)}
     merges = _merges_in_file_order(vocab)
-    tok = Tokenizer(
-        BPE(
-            vocab=vocab,
-            merges=merges,
-            unk_token=_name(meta, tokens, "unknown") or "<unk>",
-            fuse_unk=True,
-            byte_fallback=True,
-            dropout=None,
-        )
+    config = _tokenizer_config(meta, tokens)
+    bpe = BPE(
+        vocab=vocab,
+        merges=merges,
+        unk_token=config["unk_token"],
+        fuse_unk=True,
+        byte_fallback=True,
+        dropout=None,
     )
+    tok = Tokenizer(bpe)
     tok.normalizer = normalizers.Replace(" ", SPIECE_SPACE)
     tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous", invert=False)
     tok.decoder = decoders.Sequence(
         [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     )
-    config = _tokenizer_config(meta, tokens)
     _add_tokens(tok, tokens, types, config)
     tok.post_processor = template_processor(tok, config)
     return tok, config
@@ -78,7 +77,7 @@ def _tokenizer_config(meta: dict[str, Any], tokens: list[str]) -> dict[str, Any]
     config: dict[str, Any] = {
         "bos_token": _name(meta, tokens, "bos"),
         "eos_token": _name(meta, tokens, "eos"),
-        "unk_token": _name(meta, tokens, "unknown"),
+        "unk_token": _name(meta, tokens, "unknown") or ("<unk>" if "<unk>" in tokens else None),
         "pad_token": _name(meta, tokens, "padding"),
         "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", True)),
         "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),

@@ -18,8 +18,14 @@ from headrace.loader.errors import ModelLoadError
 
 
 class Tokenizer:
-    def __init__(self, tokenizer: HFTokenizer, config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: HFTokenizer,
+        config: dict[str, Any] | None = None,
+        architecture: str | None = None,
+    ) -> None:
         self.config = dict(config or {})
+        self.architecture = architecture  # picks the default chat template
         self._tok = tokenizer
         # As in transformers 5, tokenizer.json's post-processor alone decides about BOS/EOS;
         # tokenizer_config's add_bos_token / add_eos_token are ignored.
@@ -37,13 +43,16 @@ class Tokenizer:
 
     @classmethod
     def from_file(
-        cls, path: str | Path, tokenizer_config: dict[str, Any] | None = None
+        cls,
+        path: str | Path,
+        tokenizer_config: dict[str, Any] | None = None,
+        architecture: str | None = None,
     ) -> Tokenizer:
         try:
             tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception
             raise ModelLoadError(f"{path}: cannot read tokenizer: {e}") from e
-        return cls(tok, tokenizer_config)
+        return cls(tok, tokenizer_config, architecture)
 
     @property
     def backend(self) -> HFTokenizer:
@@ -60,12 +69,17 @@ class Tokenizer:
         """The model's own template (None when it ships none and a default is used)."""
         return self._template if isinstance(self._template, str) else None
 
+    @property
+    def template_source(self) -> str:
+        """The template `apply_chat_template` renders: the model's, else a family default."""
+        return self.chat_template or default_template(self._tok.get_vocab(), self.architecture)
+
     def apply_chat_template(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:
         """Render like transformers. The text already holds BOS where the template puts it:
         encode it with add_special_tokens=False."""
-        source = self.chat_template or default_template(self._tok.get_vocab())
+        source = self.template_source
         if source not in self._compiled:
             self._compiled[source] = _environment().from_string(source)
         return self._compiled[source].render(
