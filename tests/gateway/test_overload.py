@@ -90,3 +90,36 @@ def test_refused_at_arrival_when_the_wait_exceeds_the_deadline() -> None:
     # Unknown model names fall back to the sum over the engines.
     s.enqueue(3, "", 1, 6000)
     refused(s.admit, "", 1, 10, 5.0)
+
+
+def test_engine_reports_replace_the_gateways_guess(clock) -> None:  # type: ignore[no-untyped-def]
+    """Once the engine reports its queue per priority, requests it has seen count as it says
+    (a started request whose first token is slow is not 'queued'); requests admitted after the
+    engine's last-but-one report are added as in transit."""
+    stats = Stats()
+    s = LoadShedder(clock=clock)
+    s.stats_source = stats
+    s.enqueue(1, "m", 1, 100)  # no report yet: the gateway's own view
+    assert s.queued_ahead("m", 1) == (1, 100)
+
+    def report(waiting: tuple[tuple[int, int, int], ...]) -> None:
+        clock.advance(0.01)
+        stats.latest["m"] = StepStats(step_duration=0.01, num_batched_tokens=10,
+                                      num_waiting=sum(w[1] for w in waiting),
+                                      waiting_by_priority=waiting)  # fmt: skip
+        s.queued_ahead("m", 9)  # the gateway looks (it does at every decision)
+
+    report(())  # the engine has not got request 1 yet
+    assert s.queued_ahead("m", 1) == (1, 100)
+    report(((1, 1, 100),))  # now it has; it is waiting
+    assert s.queued_ahead("m", 1) == (1, 100)  # not counted twice
+    clock.advance(0.001)
+    s.enqueue(2, "m", 0, 50)  # in transit
+    assert s.queued_ahead("m", 1) == (2, 150)
+    assert s.queued_ahead("m", 0) == (1, 50)
+    report(((0, 1, 50), (1, 1, 100)))
+    report(((1, 1, 100),))  # request 2 started (no first token yet: still in _queued)
+    assert s.queued_ahead("m", 0) == (0, 0)
+    assert s.queued_ahead("m", 2) == (1, 100)
+    report(((1, 1, 100), (2, 3, 600)))
+    assert s.queued_ahead("m", 2) == (4, 700)

@@ -1,20 +1,23 @@
 """Load shedding: say "overloaded" at arrival, in milliseconds, instead of after a deadline.
 
-The gateway knows every request it admitted and which have started (their first output
-arrived), so it knows the work queued ahead of a new request: the tokens (prompt +
-expected output) of not-yet-started requests of the same model at the same or a more urgent
-priority. Divided by the engine's measured throughput (tokens per model step / step time,
-averaged over steps that had a queue, i.e. at capacity) that is the expected wait. When it
-already exceeds the request's queue deadline, or the queue is over its bounds, the request is
-refused at once with 503 and a Retry-After. A request that slips through and still does not
-start in time is ended by the engine as `overloaded`.
+The work queued ahead of a new request is the tokens (still to compute, and to generate up
+to max_tokens) of the requests waiting at its priority or a more urgent one. The engine reports
+them per priority with each step (`StepStats.waiting_by_priority`); to those the gateway adds
+the requests it admitted too recently for the engine's last report to include ("in transit").
+Without engine reports it counts every admitted request whose first output has not arrived.
+Divided by the engine's measured throughput (tokens per step / step time, averaged over steps
+that had a queue, i.e. at capacity) that gives the expected wait. When it already exceeds the
+request's queue deadline, or the queue ahead is over its bounds, the request is refused at once
+with 503 and a Retry-After. One that slips through and still does not start in time is ended
+by the engine as `overloaded`.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from headrace.engine.outputs import StepStats
 from headrace.gateway.errors import overloaded
@@ -30,6 +33,15 @@ class _Queued:
     model: str
     priority: int
     tokens: int  # prompt + max_tokens
+    admitted_at: float
+
+
+@dataclass
+class _EngineView:
+    stats: StepStats
+    # When the gateway saw the last two changes of the engine's stats: requests admitted before
+    # the earlier one had a whole report interval to reach the engine and be counted by it.
+    seen: deque[float] = field(default_factory=lambda: deque(maxlen=2))
 
 
 class LoadShedder:
@@ -43,9 +55,8 @@ class LoadShedder:
         self.max_queued_tokens = max_queued_tokens
         self.clock = clock
         self.stats_source: StatsSource | None = None
-        self._queued: dict[int, _Queued] = {}
-        self._totals: dict[tuple[str, int], list[int]] = {}  # (model, priority) -> [n, tokens]
-        self._last: dict[str, StepStats] = {}
+        self._queued: dict[int, _Queued] = {}  # admitted, first output not yet arrived
+        self._engines: dict[str, _EngineView] = {}
         self._rate_busy: dict[str, float] = {}  # tokens/s over steps with a queue
         self._rate_any: dict[str, float] = {}  # tokens/s over every non-empty step
         self.output_ratio = 1.0  # used / reserved tokens of finished requests, averaged
@@ -53,24 +64,23 @@ class LoadShedder:
     # -- the queue as the gateway sees it ------------------------------------------------
 
     def queued_ahead(self, model: str, priority: int) -> tuple[int, int]:
-        """(requests, reserved tokens) not yet started at `priority` or more urgent."""
-        n = tokens = 0
-        for (m, p), (count, toks) in self._totals.items():
-            if m == model and p <= priority:
-                n += count
-                tokens += toks
+        """(requests, tokens of work) waiting at `priority` or more urgent for `model`."""
+        self._sample()
+        engine = self._engine_ahead(model, priority)
+        cutoff = float("-inf") if engine is None else self._in_transit_cutoff(model)
+        n, tokens = engine or (0, 0)
+        for q in self._queued.values():
+            if q.model == model and q.priority <= priority and q.admitted_at >= cutoff:
+                n += 1
+                tokens += q.tokens
         return n, tokens
 
     def enqueue(self, ticket: int, model: str, priority: int, tokens: int) -> None:
-        self._queued[ticket] = _Queued(model, priority, tokens)
-        self._add(self._queued[ticket], 1)
+        self._queued[ticket] = _Queued(model, priority, tokens, self.clock())
 
     def dequeue(self, ticket: int) -> bool:
-        """The request started or ended; True if it was still queued."""
-        q = self._queued.pop(ticket, None)
-        if q is not None:
-            self._add(q, -1)
-        return q is not None
+        """The request started or ended; True if it had not started."""
+        return self._queued.pop(ticket, None) is not None
 
     def observe_finish(self, reserved: int, used: int) -> None:
         if reserved > 0 and used > 0:
@@ -119,33 +129,52 @@ class LoadShedder:
         self._sample()
         if model in self._rate_busy or model in self._rate_any:
             return self._rate_busy.get(model) or self._rate_any.get(model)
-        rates = [self._rate_busy.get(m) or self._rate_any.get(m) or 0.0 for m in self._last]
+        rates = [self._rate_busy.get(m) or self._rate_any.get(m) or 0.0 for m in self._engines]
         return sum(rates) or None
 
     # -- internals -----------------------------------------------------------------------
 
-    def _add(self, q: _Queued, sign: int) -> None:
-        total = self._totals.setdefault((q.model, q.priority), [0, 0])
-        total[0] += sign
-        total[1] += sign * q.tokens
-        if total[0] == 0:
-            del self._totals[(q.model, q.priority)]
+    def _views(self, model: str) -> list[_EngineView]:
+        """The engine serving `model`, or all engines when the name is not one of theirs."""
+        view = self._engines.get(model)
+        return [view] if view is not None else list(self._engines.values())
+
+    def _engine_ahead(self, model: str, priority: int) -> tuple[int, int] | None:
+        views = self._views(model)
+        if not views or any(v.stats.waiting_by_priority is None for v in views):
+            return None
+        n = work = 0
+        for v in views:
+            for p, count, tokens in v.stats.waiting_by_priority or ():
+                if p <= priority:
+                    n += count
+                    work += tokens
+        return n, work
+
+    def _in_transit_cutoff(self, model: str) -> float:
+        cutoffs = [v.seen[0] if len(v.seen) == 2 else float("-inf") for v in self._views(model)]
+        return min(cutoffs, default=float("-inf"))
 
     def _drain_time(self, model: str, priority: int, excess_tokens: int) -> float:
         rate = self.throughput(model)
         if not rate:
             return 1.0
-        _, tokens = self.queued_ahead(model, priority)
-        return max(excess_tokens, tokens // max(1, len(self._queued))) * self.output_ratio / rate
+        n, tokens = self.queued_ahead(model, priority)
+        return max(excess_tokens, tokens // max(1, n)) * self.output_ratio / rate
 
     def _sample(self) -> None:
         """Fold the engines' latest step into the throughput averages (once per new step)."""
         if self.stats_source is None:
             return
+        now = self.clock()
         for model, st in self.stats_source().items():
-            if self._last.get(model) == st:
+            view = self._engines.get(model)
+            if view is not None and view.stats == st:
                 continue
-            self._last[model] = st
+            if view is None:
+                view = self._engines[model] = _EngineView(st)
+            view.stats = st
+            view.seen.append(now)
             if st.step_duration <= 0 or st.num_batched_tokens <= 0:
                 continue
             sample = st.num_batched_tokens / st.step_duration
