@@ -90,25 +90,19 @@ class LoadShedder:
 
     def check(self, model: str, priority: int) -> None:
         """Cheap: refuse when the queue ahead is already at its request bound."""
-        n, _ = self.queued_ahead(model, priority)
-        if self.max_queued_requests is not None and n >= self.max_queued_requests:
-            raise overloaded(
-                f"server overloaded: {n} requests are queued ahead (limit "
-                f"{self.max_queued_requests}); retry later",
-                self._drain_time(model, priority, 1),
-            )
+        self._check_count(model, priority, *self.queued_ahead(model, priority))
 
     def admit(self, model: str, priority: int, tokens: int, timeout_s: float | None) -> None:
         """Raise 503 when the request would exceed a queue bound or miss its deadline."""
-        self.check(model, priority)
         n, ahead = self.queued_ahead(model, priority)
+        self._check_count(model, priority, n, ahead)
         if self.max_queued_tokens is not None and ahead + tokens > self.max_queued_tokens:
             raise overloaded(
                 f"server overloaded: {ahead} tokens are queued ahead, this request adds "
                 f"{tokens} (limit {self.max_queued_tokens}); retry later",
-                self._drain_time(model, priority, ahead + tokens - self.max_queued_tokens),
+                self._work_time(model, ahead + tokens - self.max_queued_tokens) or 1.0,
             )
-        wait = self.expected_wait(model, priority)
+        wait = self._wait(model, ahead)
         if timeout_s is not None and wait is not None and wait > timeout_s:
             raise overloaded(
                 f"server overloaded: expected wait {wait:.1f} s ({n} requests queued ahead) "
@@ -118,11 +112,7 @@ class LoadShedder:
 
     def expected_wait(self, model: str, priority: int) -> float | None:
         """Seconds until a new request would start; None before any throughput is measured."""
-        _, tokens = self.queued_ahead(model, priority)
-        if tokens == 0:
-            return 0.0
-        rate = self.throughput(model)
-        return None if not rate else tokens * self.output_ratio / rate
+        return self._wait(model, self.queued_ahead(model, priority)[1])
 
     def throughput(self, model: str) -> float | None:
         """Measured tokens per second of `model`'s engine (all models when not known)."""
@@ -155,12 +145,22 @@ class LoadShedder:
         cutoffs = [v.seen[0] if len(v.seen) == 2 else float("-inf") for v in self._views(model)]
         return min(cutoffs, default=float("-inf"))
 
-    def _drain_time(self, model: str, priority: int, excess_tokens: int) -> float:
+    def _check_count(self, model: str, priority: int, n: int, ahead: int) -> None:
+        if self.max_queued_requests is not None and n >= self.max_queued_requests:
+            raise overloaded(
+                f"server overloaded: {n} requests are queued ahead (limit "
+                f"{self.max_queued_requests}); retry later",
+                self._work_time(model, ahead // max(1, n)) or 1.0,  # about one request's work
+            )
+
+    def _wait(self, model: str, tokens_ahead: int) -> float | None:
+        return 0.0 if tokens_ahead == 0 else self._work_time(model, tokens_ahead)
+
+    def _work_time(self, model: str, tokens: int) -> float | None:
+        """Seconds for the engine to work off `tokens` (the share of them expected to be
+        used); None while its throughput is unknown."""
         rate = self.throughput(model)
-        if not rate:
-            return 1.0
-        n, tokens = self.queued_ahead(model, priority)
-        return max(excess_tokens, tokens // max(1, n)) * self.output_ratio / rate
+        return tokens * self.output_ratio / rate if rate else None
 
     def _sample(self) -> None:
         """Fold the engines' latest step into the throughput averages (once per new step)."""
