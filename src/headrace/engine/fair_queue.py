@@ -30,6 +30,7 @@ class FairQueue:
         self._last_left: dict[int, _Key] = {}  # per priority: the last tenant to drain
         self._seq = itertools.count()
         self._len = 0
+        self._order: list[Request] | None = None  # __iter__'s order, until the next change
 
     def add(self, req: Request) -> None:
         key = (req.priority, req.tenant)
@@ -38,6 +39,7 @@ class FairQueue:
             self._waiting[key] = []
         bisect.insort(self._waiting[key], (req.arrival_time, next(self._seq), req))
         self._len += 1
+        self._order = None
 
     def peek(self) -> Request | None:
         key = self._next_key()
@@ -74,8 +76,10 @@ class FairQueue:
     def __iter__(self) -> Iterator[Request]:
         """Waiting requests by priority, then arrival (not the fair order: that changes as
         counters move, and callers iterate to count, expire and estimate)."""
-        items = [(k[0], *item) for k, v in self._waiting.items() for item in v]
-        return iter([req for *_, req in sorted(items, key=lambda t: t[:3])])
+        if self._order is None:
+            items = [(k[0], *item) for k, v in self._waiting.items() for item in v]
+            self._order = [req for *_, req in sorted(items, key=lambda t: t[:3])]
+        return iter(self._order)
 
     # -- internals -----------------------------------------------------------------------
 
@@ -101,6 +105,7 @@ class FairQueue:
 
     def _after_removal(self, key: _Key) -> None:
         self._len -= 1
+        self._order = None
         if not self._waiting[key]:
             del self._waiting[key]
             self._last_left[key[0]] = key
