@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -49,9 +50,27 @@ def build_app(
     for module in (generate, openai, chat):
         app.include_router(module.router)
     app.include_router(replica_api.router)  # /v1/stats and what a front end routing here uses
-    app.add_api_route("/health", health, methods=["GET"], include_in_schema=True)
+    app.add_api_route(
+        "/health", health, methods=["GET"], responses={503: {"description": "not ready"}}
+    )
     app.add_api_route("/metrics", metrics_route, methods=["GET"], include_in_schema=False)
+    app.openapi = _openapi_without_422(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi_without_422(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """Validation errors are answered with 400 (like OpenAI): drop FastAPI's 422 entries."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            for path in build().get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+        assert app.openapi_schema is not None
+        return app.openapi_schema
+
+    return openapi
 
 
 async def health(request: Request) -> JSONResponse:

@@ -29,7 +29,7 @@ router = APIRouter()
     response_model=ChatCompletionResponse,
     responses={
         **streaming_response(ChatCompletionResponse),
-        **error_responses(400, 401, 404, 413, 429, 503),
+        **error_responses(400, 401, 404, 413, 429, 502, 503),
     },
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:

@@ -33,7 +33,7 @@ router = APIRouter()
     response_model=GenerateResponse,
     responses={
         **streaming_response(GenerateResponse),
-        **error_responses(400, 401, 404, 413, 429, 503),
+        **error_responses(400, 401, 404, 413, 429, 502, 503),
     },
 )
 async def generate(body: GenerateRequest, request: Request) -> Response:

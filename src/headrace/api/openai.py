@@ -42,7 +42,7 @@ async def list_models(request: Request) -> dict[str, Any]:
     response_model=CompletionResponse,
     responses={
         **streaming_response(CompletionResponse),
-        **error_responses(400, 401, 404, 413, 429, 503),
+        **error_responses(400, 401, 404, 413, 429, 502, 503),
     },
 )
 async def completions(body: CompletionRequest, request: Request) -> Response:
