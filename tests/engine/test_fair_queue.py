@@ -207,3 +207,5 @@ def test_step_stats_report_the_waiting_work_per_priority(fake_engine, make_promp
     assert engine.stats[-1].waiting_by_priority == ((1, 2, 6 + 4 + 2 + 1), (2, 1, 7 + 3))
     engine.run()
     assert engine.stats[-1].waiting_by_priority == ()
+    steps = engine.runner.steps
+    assert engine.stats[-1].num_tokens_total == sum(o.num_batched_tokens for o in steps) > 0

@@ -91,6 +91,9 @@ class StepStats:
     # the tokens still to compute and to generate (up to max_tokens): the gateway's wait
     # estimates. None when the engine does not report it.
     waiting_by_priority: tuple[tuple[int, int, int], ...] | None = None
+    # Tokens computed (prefill + decode) since the engine started: throughput over wall time,
+    # step overheads included, is its change over time.
+    num_tokens_total: int = 0
 
     @property
     def kv_usage(self) -> float:

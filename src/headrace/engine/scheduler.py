@@ -69,6 +69,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.running: list[Request] = []  # in rank order: priority, then arrival
         self.num_preemptions_total = 0
+        self.num_tokens_total = 0  # computed in all steps so far: the gateway's throughput
         self._pending: list[RequestOutput] = []  # finished outside a step (abort, deadline)
         self._finished_ids: list[str] = []  # for the runner to drop their state
         self._last_prefill = 0  # prompt tokens in the last scheduled step
@@ -138,6 +139,7 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        self.num_tokens_total += out.num_batched_tokens
         for s in out.scheduled:
             req = self.requests.get(s.request_id)
             if req is None or req.status is not RequestStatus.RUNNING:
@@ -327,5 +329,5 @@ class Scheduler:
         batched = out.num_batched_tokens if out is not None else 0
         return collect_stats(
             self.running, self.queue, self.blocks, self.num_preemptions_total,
-            batched, min(self._last_prefill, batched), step_duration,
+            batched, min(self._last_prefill, batched), step_duration, self.num_tokens_total,
         )  # fmt: skip

@@ -18,6 +18,7 @@ def collect_stats(
     num_batched_tokens: int,
     num_prefill_tokens: int,
     step_duration: float,
+    num_tokens_total: int = 0,
 ) -> StepStats:
     return StepStats(
         step_duration=step_duration,
@@ -33,6 +34,7 @@ def collect_stats(
         running_tokens=_tokens_to_compute(running)
         + sum(r.params.max_tokens - r.num_output_tokens for r in running),
         waiting_by_priority=waiting_by_priority(queue),
+        num_tokens_total=num_tokens_total,
     )
 
 
