@@ -106,8 +106,8 @@ def test_least_load_sends_a_new_request_to_the_less_loaded_replica(server: Serve
 
     seen, before, after = asyncio.run(run())
     load = {r["name"]: r["reported_tokens"] for r in seen}
-    assert all(r["num_running"] == 1 for r in seen), json.dumps(seen, indent=1)
-    assert max(load.values()) - min(load.values()) > 150, load
+    # the long request still runs on one replica (the short one may be done already)
+    assert max(load.values()) - min(load.values()) > 150, json.dumps(seen, indent=1)
     (chosen,) = [name for name in after if after[name] > before[name]]
     assert chosen == min(load, key=lambda name: load[name]), (chosen, load)
 

@@ -1,7 +1,8 @@
 """A replica that is another `headrace serve`, reached over HTTP: an `EngineClient`.
 
 Requests stream from its `POST /v1/replica/generate` (token ids in, `GenerationChunk`s out);
-its load comes from polling `GET /v1/stats` every `poll_interval_s`. A poll or a stream that
+its load comes from polling `GET /v1/stats` every `poll_interval_s`, and from the stats that
+the first and last event of each stream carry. A poll or a stream that
 fails at the transport level marks it unhealthy at once (the router then retries requests that
 had not streamed anything); the next successful poll makes it healthy again.
 """
@@ -166,11 +167,13 @@ class RemoteEngine:
             if data == "[DONE]":
                 return
             event = json.loads(data)
-            if "error" in event:  # the server stopped (shutting down) or broke mid-stream
+            if "request_id" not in event:  # an error event: the server is shutting down
                 message = str(event["error"].get("message", "remote error"))
                 self._fail(message)
                 yield _error(request_id, f"remote replica {self.url}: {message}")
                 return
+            if "stats" in event:  # fresher than the last poll
+                self._stats = stats_from_json(event["stats"])
             yield chunk_from_json(event)
 
     async def _refused(self, request_id: str, resp: httpx.Response) -> GenerationChunk:

@@ -4,8 +4,9 @@ wants its live load.
 - `GET /v1/stats`: per model, its context length, whether it serves, its summed `StepStats`
   and, behind a router, each replica's state and load.
 - `POST /v1/replica/generate`: one request as token ids with the front end's sampling params
-  and options; streams one SSE event per `GenerationChunk`, then `[DONE]`. A request that can
-  never fit is a 400 before the stream starts.
+  and options; streams one SSE event per `GenerationChunk` (the first and the last also carry
+  the engine's stats), then `[DONE]`. A request that can never fit is a 400 before the stream
+  starts.
 - `POST /v1/replica/abort`, `GET /v1/replica/tokenizer` (so a front end can serve a model it
   has no files for).
 
@@ -26,7 +27,7 @@ from headrace.api.errors import APIError, bad_request
 from headrace.api.serving import unless_disconnected
 from headrace.api.sse import DONE, SSEResponse, encode_event
 from headrace.api.state import AppState, app_state
-from headrace.engine.client import GenerationChunk
+from headrace.engine.client import EngineClient, GenerationChunk
 from headrace.request import FinishReason
 from headrace.router.wire import chunk_json, options_from_json, params_from_json, stats_json
 
@@ -97,7 +98,7 @@ async def generate(body: ReplicaGenerateBody, request: Request) -> Response:
         raise bad_request(f"bad replica request: {e}") from e
     chunks = engine.generate(body.request_id, body.prompt_token_ids, params, options)
     first = await _first(state, request, chunks)
-    return SSEResponse(_events(first, chunks), on_shutdown=state.shutdown.wait)
+    return SSEResponse(_events(first, chunks, engine), on_shutdown=state.shutdown.wait)
 
 
 async def _first(
@@ -119,12 +120,17 @@ async def _first(
 
 
 async def _events(
-    first: GenerationChunk, chunks: AsyncIterator[GenerationChunk]
+    first: GenerationChunk, chunks: AsyncIterator[GenerationChunk], engine: EngineClient
 ) -> AsyncGenerator[bytes, None]:
+    """The chunks as events; the first and the last also carry the engine's stats, so that the
+    front end's view of this server's load is as fresh as a local replica's."""
     try:
         chunk = first
         while True:
-            yield encode_event(chunk_json(chunk))
+            data = chunk_json(chunk)
+            if chunk is first or chunk.finished:
+                data["stats"] = stats_json(engine.stats())
+            yield encode_event(data)
             if chunk.finished:
                 break
             try:
