@@ -16,9 +16,14 @@ class Stats:
     def __call__(self) -> dict[str, StepStats]:
         return dict(self.latest)
 
-    def step(self, model: str, tokens: int, seconds: float, waiting: int = 1) -> None:
+    def step(
+        self, model: str, tokens: int, seconds: float, waiting: int = 1, total: int = 0
+    ) -> None:
         self.latest[model] = StepStats(
-            step_duration=seconds, num_batched_tokens=tokens, num_waiting=waiting
+            step_duration=seconds,
+            num_batched_tokens=tokens,
+            num_waiting=waiting,
+            num_tokens_total=total,
         )
 
 
@@ -51,25 +56,30 @@ def test_token_bound() -> None:
     assert "700 tokens are queued ahead" in err.message
 
 
-def test_expected_wait_uses_throughput_measured_at_capacity() -> None:
+def test_expected_wait_uses_throughput_measured_at_capacity(clock) -> None:  # type: ignore[no-untyped-def]
     stats = Stats()
-    s = LoadShedder()
+    s = LoadShedder(clock=clock)
     s.stats_source = stats
     s.enqueue(1, "m", 1, 2000)
     assert s.expected_wait("m", 1) is None  # no throughput known: no guess
-    stats.step("m", tokens=50, seconds=0.5, waiting=0)  # 100 tokens/s, not saturated
-    assert s.expected_wait("m", 1) == pytest.approx(20.0)
-    stats.step("m", tokens=200, seconds=0.5, waiting=3)  # 400 tokens/s at capacity
-    assert s.expected_wait("m", 1) == pytest.approx(5.0)
-    assert s.expected_wait("m", 1) == pytest.approx(5.0)  # the same step is counted once
-    stats.step("m", tokens=10, seconds=0.5, waiting=0)  # an idle-ish step: capacity stays
-    assert s.expected_wait("m", 1) == pytest.approx(5.0)
+    stats.step("m", tokens=50, seconds=0.5, waiting=0, total=1000)  # not at capacity
+    assert s.expected_wait("m", 1) is None
+    stats.step("m", tokens=200, seconds=0.5, waiting=3, total=1200)  # 400 tokens/s a step
+    # 2000 tokens ahead, plus one request's worth for a slot to free: 4000 at 400 tokens/s.
+    assert s.expected_wait("m", 1) == pytest.approx(10.0)
     assert s.expected_wait("m", 0) == 0.0  # nothing ahead of a paid request
+    clock.advance(1.0)
+    # Over wall time only 250 tokens/s: steps are not all the time there is. That wins.
+    stats.step("m", tokens=200, seconds=0.5, waiting=3, total=1450)
+    assert s.expected_wait("m", 1) == pytest.approx(16.0)
+    clock.advance(0.1)
+    stats.step("m", tokens=10, seconds=0.5, waiting=0, total=1460)  # queue gone: rates stay
+    assert s.expected_wait("m", 1) == pytest.approx(16.0)
     # Finished requests used a quarter of what they reserved: expect that of the queue too.
     for _ in range(50):
         s.observe_finish(400, 100)
     assert s.output_ratio == pytest.approx(0.25, abs=0.01)
-    assert s.expected_wait("m", 1) == pytest.approx(1.25, abs=0.05)
+    assert s.expected_wait("m", 1) == pytest.approx(4.0, abs=0.1)
 
 
 def test_refused_at_arrival_when_the_wait_exceeds_the_deadline() -> None:
@@ -77,13 +87,13 @@ def test_refused_at_arrival_when_the_wait_exceeds_the_deadline() -> None:
     s = LoadShedder()
     s.stats_source = stats
     stats.step("m", tokens=100, seconds=0.1, waiting=5)  # 1000 tokens/s
-    s.enqueue(1, "m", 1, 4000)
-    s.admit("m", 1, 10, 5.0)  # 4 s ahead, deadline 5 s
+    s.enqueue(1, "m", 1, 2000)
+    s.admit("m", 1, 10, 5.0)  # (2000 + 2000) / 1000 = 4 s, deadline 5 s
     s.enqueue(2, "m", 1, 3000)
-    err = refused(s.admit, "m", 1, 10, 5.0)  # 7 s ahead
+    err = refused(s.admit, "m", 1, 10, 5.0)  # (5000 + 2500) / 1000 = 7.5 s
     assert err.status == 503 and "exceeds this tier's queue deadline of 5 s" in err.message
-    assert err.headers["retry-after-ms"] == "2000"
-    assert err.headers["retry-after"] == "2"
+    assert err.headers["retry-after-ms"] == "2500"
+    assert err.headers["retry-after"] == "3"
     s.admit("m", 1, 10, None)  # no deadline: no estimate refusal
     s.admit("m", 2, 10, 60.0)  # batch: long deadline
     s.admit("m", 0, 10, 5.0)  # paid: nothing ahead

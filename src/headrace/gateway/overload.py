@@ -5,11 +5,14 @@ to max_tokens) of the requests waiting at its priority or a more urgent one. The
 them per priority with each step (`StepStats.waiting_by_priority`); to those the gateway adds
 the requests it admitted too recently for the engine's last report to include ("in transit").
 Without engine reports it counts every admitted request whose first output has not arrived.
-Divided by the engine's measured throughput (tokens per step / step time, averaged over steps
-that had a queue, i.e. at capacity) that gives the expected wait. When it already exceeds the
-request's queue deadline, or the queue ahead is over its bounds, the request is refused at once
-with 503 and a Retry-After. One that slips through and still does not start in time is ended
-by the engine as `overloaded`.
+
+The expected wait is that work, plus one average request's (the new one also needs a running
+request to finish), divided by the engine's throughput at capacity: tokens computed per second
+of wall time while it had a queue (from its `num_tokens_total`, so step overheads count), or
+the per-step rate until that is known. When the wait already exceeds the request's queue
+deadline, or the queue ahead is over its bounds, the request is refused at once with 503 and
+a Retry-After. One that slips through and still does not start in time is ended by the engine
+as `overloaded`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from headrace.engine.outputs import StepStats
 from headrace.gateway.errors import overloaded
@@ -26,6 +29,7 @@ Clock = Callable[[], float]
 StatsSource = Callable[[], Mapping[str, StepStats]]  # model name -> latest step stats
 
 _EMA = 0.2  # weight of a new sample in the throughput and output-ratio averages
+_MIN_WINDOW_S = 0.25  # shortest busy interval a throughput sample is taken over
 
 
 @dataclass(frozen=True)
@@ -36,12 +40,40 @@ class _Queued:
     admitted_at: float
 
 
-@dataclass
 class _EngineView:
-    stats: StepStats
-    # When the gateway saw the last two changes of the engine's stats: requests admitted before
-    # the earlier one had a whole report interval to reach the engine and be counted by it.
-    seen: deque[float] = field(default_factory=lambda: deque(maxlen=2))
+    """One engine as the gateway last saw it, and its measured throughput."""
+
+    def __init__(self) -> None:
+        self.stats = StepStats()
+        # When the gateway saw the last two changes of the engine's stats: requests admitted
+        # before the earlier one had a whole report interval to reach the engine.
+        self.seen: deque[float] = deque(maxlen=2)
+        self.busy_since: tuple[float, int] | None = None  # (time, num_tokens_total)
+        self.wall_rate: float | None = None  # tokens/s over busy wall time
+        self.step_rate: float | None = None  # tokens/s of busy steps alone (a fallback)
+
+    def observe(self, st: StepStats, now: float) -> None:
+        self.stats = st
+        self.seen.append(now)
+        if st.num_waiting == 0:  # not at capacity: what it does now says nothing of that
+            self.busy_since = None
+            return
+        if st.step_duration > 0 and st.num_batched_tokens > 0:
+            self.step_rate = _ema(self.step_rate, st.num_batched_tokens / st.step_duration)
+        if self.busy_since is None:
+            self.busy_since = (now, st.num_tokens_total)
+            return
+        t0, total0 = self.busy_since
+        if now - t0 >= _MIN_WINDOW_S and st.num_tokens_total > total0:
+            self.wall_rate = _ema(self.wall_rate, (st.num_tokens_total - total0) / (now - t0))
+            self.busy_since = (now, st.num_tokens_total)
+
+    def rate(self) -> float | None:
+        return self.wall_rate or self.step_rate
+
+
+def _ema(old: float | None, sample: float) -> float:
+    return sample if old is None else old + _EMA * (sample - old)
 
 
 class LoadShedder:
@@ -57,8 +89,6 @@ class LoadShedder:
         self.stats_source: StatsSource | None = None
         self._queued: dict[int, _Queued] = {}  # admitted, first output not yet arrived
         self._engines: dict[str, _EngineView] = {}
-        self._rate_busy: dict[str, float] = {}  # tokens/s over steps with a queue
-        self._rate_any: dict[str, float] = {}  # tokens/s over every non-empty step
         self.output_ratio = 1.0  # used / reserved tokens of finished requests, averaged
 
     # -- the queue as the gateway sees it ------------------------------------------------
@@ -84,7 +114,7 @@ class LoadShedder:
 
     def observe_finish(self, reserved: int, used: int) -> None:
         if reserved > 0 and used > 0:
-            self.output_ratio += _EMA * (min(1.0, used / reserved) - self.output_ratio)
+            self.output_ratio = _ema(self.output_ratio, min(1.0, used / reserved))
 
     # -- decisions -----------------------------------------------------------------------
 
@@ -102,7 +132,7 @@ class LoadShedder:
                 f"{tokens} (limit {self.max_queued_tokens}); retry later",
                 self._work_time(model, ahead + tokens - self.max_queued_tokens) or 1.0,
             )
-        wait = self._wait(model, ahead)
+        wait = self._wait(model, n, ahead)
         if timeout_s is not None and wait is not None and wait > timeout_s:
             raise overloaded(
                 f"server overloaded: expected wait {wait:.1f} s ({n} requests queued ahead) "
@@ -112,15 +142,12 @@ class LoadShedder:
 
     def expected_wait(self, model: str, priority: int) -> float | None:
         """Seconds until a new request would start; None before any throughput is measured."""
-        return self._wait(model, self.queued_ahead(model, priority)[1])
+        return self._wait(model, *self.queued_ahead(model, priority))
 
     def throughput(self, model: str) -> float | None:
         """Measured tokens per second of `model`'s engine (all models when not known)."""
         self._sample()
-        if model in self._rate_busy or model in self._rate_any:
-            return self._rate_busy.get(model) or self._rate_any.get(model)
-        rates = [self._rate_busy.get(m) or self._rate_any.get(m) or 0.0 for m in self._engines]
-        return sum(rates) or None
+        return sum(v.rate() or 0.0 for v in self._views(model)) or None
 
     # -- internals -----------------------------------------------------------------------
 
@@ -153,8 +180,10 @@ class LoadShedder:
                 self._work_time(model, ahead // max(1, n)) or 1.0,  # about one request's work
             )
 
-    def _wait(self, model: str, tokens_ahead: int) -> float | None:
-        return 0.0 if tokens_ahead == 0 else self._work_time(model, tokens_ahead)
+    def _wait(self, model: str, n: int, tokens_ahead: int) -> float | None:
+        if n == 0 or tokens_ahead == 0:
+            return 0.0  # a slot is free, or a lower tier's request gives way
+        return self._work_time(model, tokens_ahead + tokens_ahead // n)
 
     def _work_time(self, model: str, tokens: int) -> float | None:
         """Seconds for the engine to work off `tokens` (the share of them expected to be
@@ -163,21 +192,11 @@ class LoadShedder:
         return tokens * self.output_ratio / rate if rate else None
 
     def _sample(self) -> None:
-        """Fold the engines' latest step into the throughput averages (once per new step)."""
+        """Take in the engines' latest reports (each new one once)."""
         if self.stats_source is None:
             return
         now = self.clock()
         for model, st in self.stats_source().items():
-            view = self._engines.get(model)
-            if view is not None and view.stats == st:
-                continue
-            if view is None:
-                view = self._engines[model] = _EngineView(st)
-            view.stats = st
-            view.seen.append(now)
-            if st.step_duration <= 0 or st.num_batched_tokens <= 0:
-                continue
-            sample = st.num_batched_tokens / st.step_duration
-            rates = self._rate_busy if st.num_waiting > 0 else self._rate_any
-            old = rates.get(model)
-            rates[model] = sample if old is None else old + _EMA * (sample - old)
+            view = self._engines.setdefault(model, _EngineView())
+            if view.stats != st or not view.seen:
+                view.observe(st, now)
