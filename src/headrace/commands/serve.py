@@ -107,6 +107,7 @@ def serve(
         for spec in specs:
             where = spec.model or "Gemma 3 270M (embedded)"
             log.info("Loading model %s: %s x %d ...", spec.name, where, spec.replicas)
+        ticker = asyncio.create_task(_tick(", ".join(s.name for s in specs), t0))
         try:
             engines = await start_deployment(
                 specs, model_cfg, cache_cfg, sched_cfg, router_cfg, replica_urls or []
@@ -116,6 +117,8 @@ def serve(
             if server is not None:
                 server.should_exit = True  # a server without a model is of no use
             raise
+        finally:
+            ticker.cancel()
         assert server is not None
         while not server.started and not server.should_exit:
             await asyncio.sleep(0.05)
@@ -140,6 +143,13 @@ def serve(
         log.error("model failed to load: %s", outcome["error"])
         return 1
     return 0
+
+
+async def _tick(what: str, t0: float, every_s: float = 5.0) -> None:
+    """Progress while the weights load: a line every few seconds, so a slow start is visible."""
+    while True:
+        await asyncio.sleep(every_s)
+        log.info("... still loading %s (%.0f s)", what, time.monotonic() - t0)
 
 
 def served_name(model: str | None) -> str:
