@@ -99,8 +99,11 @@ class LoadShedder:
         engine = self._engine_ahead(model, priority)
         cutoff = float("-inf") if engine is None else self._in_transit_cutoff(model)
         n, tokens = engine or (0, 0)
-        for q in self._queued.values():
-            if q.model == model and q.priority <= priority and q.admitted_at >= cutoff:
+        # Newest first (dicts keep admission order): stop at the first the engine has seen.
+        for q in reversed(self._queued.values()):
+            if q.admitted_at < cutoff:
+                break
+            if q.model == model and q.priority <= priority:
                 n += 1
                 tokens += q.tokens
         return n, tokens
