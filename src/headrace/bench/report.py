@@ -226,6 +226,6 @@ class Progress:
         )
 
     def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\r" + self.line() + "\n")
-            self.stream.flush()
+        # Off a terminal (logs, CI) one line per level still shows that work is done.
+        self.stream.write(("\r" if self.enabled else "") + self.line() + "\n")
+        self.stream.flush()
