@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -94,8 +95,11 @@ async def start_deployment(
         replicas[model].append(Replica(name, engine, pool=pool, starter=starter))
     try:
         await _add_remotes(replicas, replica_urls, router_cfg.replica_api_key)
+        implicit = {s.name for s in specs if s.model is None}  # `--replicas 0`, no --model
+        for model in [m for m, reps in replicas.items() if not reps and m in implicit]:
+            del replicas[model]
         empty = [model for model, reps in replicas.items() if not reps]
-        if empty:
+        if empty or not replicas:
             raise ValueError(f"model(s) {empty} have no replica: N=0 and no --replica-url")
     except BaseException:
         await _close_all([r.engine for reps in replicas.values() for r in reps])
@@ -121,6 +125,8 @@ async def _add_remotes(
     replicas: dict[str, list[Replica]], urls: Sequence[str], api_key: str | None
 ) -> None:
     """Each remote server becomes a replica of every model it serves."""
+    if urls:  # httpx logs every request at INFO: the stats polls would flood the log
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     for url in urls:
         for model in await _models_at(url, api_key):
             local = replicas.setdefault(model, [])

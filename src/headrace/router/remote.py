@@ -102,6 +102,11 @@ class RemoteEngine:
         return self._tokenizer
 
     @property
+    def failure(self) -> str | None:
+        """Why it is not healthy (None when it is)."""
+        return "closed" if self._closed else self._failure
+
+    @property
     def is_healthy(self) -> bool:
         return not self._closed and self._failure is None
 
