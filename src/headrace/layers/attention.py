@@ -83,9 +83,9 @@ def paged_attention(
 
 def _gather(cache: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """cache [N, bs, Hkv, D], table [..., nb] -> [..., Hkv, nb * bs, D]."""
-    blocks = cache[table]  # [..., nb, bs, Hkv, D]
-    lead = blocks.shape[:-4]
-    flat = blocks.reshape(*lead, -1, *cache.shape[2:])  # [..., L, Hkv, D]
+    # index_select copies whole blocks; it is several times faster than cache[table]
+    blocks = cache.index_select(0, table.reshape(-1))  # [prod(...) * nb, bs, Hkv, D]
+    flat = blocks.view(*table.shape[:-1], -1, *cache.shape[2:])  # [..., L, Hkv, D]
     return flat.transpose(-3, -2)
 
 

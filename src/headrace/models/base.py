@@ -66,7 +66,11 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [S, H] -> [S, V] float32
         weight = self.embed_weight if self.lm_head is None else self.lm_head.weight
         assert isinstance(weight, torch.Tensor)
-        logits = F.linear(hidden, weight).float()
+        if hidden.device.type == "cpu" and hidden.dtype == torch.float32 and len(hidden) <= 64:
+            # MKL's x @ W^T is 2-3x slower than (W @ x^T)^T for a few rows against 262k
+            logits = torch.mm(weight, hidden.t()).t().contiguous()
+        else:
+            logits = F.linear(hidden, weight).float()
         cap = self.args.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap
