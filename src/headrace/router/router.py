@@ -10,10 +10,12 @@ at once; the supervisor brings it back.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from headrace.config import RouterConfig
@@ -28,6 +30,12 @@ from headrace.router.supervisor import Supervisor
 log = logging.getLogger("headrace.router")
 
 _MIN_TIMEOUT_S = 0.001
+
+
+@dataclass
+class _Attempt:
+    streamed: bool = False  # a chunk reached the caller: no retry from here on
+    failure: GenerationChunk | None = None  # the replica failed before that: retry
 
 
 class NoReplicaError(RuntimeError):
@@ -98,37 +106,52 @@ class Router:
                     return
                 raise NoReplicaError(f"no replica of model {self.name!r} is in rotation")
             tried.add(id(replica))
-            chunks = replica.engine.generate(request_id, ids, params, _less(opts, t0))
-            replica.dispatched(request_id, len(ids) + params.max_tokens)
-            self._placed[request_id] = replica
-            streamed = False
-            try:
+            attempt = _Attempt()
+            chunks = self._attempt(replica, attempt, request_id, ids, params, _less(opts, t0))
+            async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
-                    if not streamed and self._failed(replica, chunk):
-                        failure = chunk
-                        break
-                    if not streamed:
-                        replica.first_output(request_id)
-                        streamed = True
                     yield chunk
-                else:
-                    return
-            except ValueError:
-                raise  # refused before it started: it can never fit
-            except Exception as e:
-                if streamed:
-                    raise
-                replica.mark_down(f"{type(e).__name__}: {e}")
-                failure = _error_chunk(request_id, f"replica {replica.name} failed: {e}")
-            finally:
-                await _close(chunks)
-                replica.finished(request_id)
-                if self._placed.get(request_id) is replica:
-                    del self._placed[request_id]
-            if streamed:
+            if attempt.failure is None:
                 return
+            failure = attempt.failure
             self.retries += 1
             log.warning("retrying %s elsewhere: replica %s failed", request_id, replica.name)
+
+    async def _attempt(
+        self,
+        replica: Replica,
+        attempt: _Attempt,
+        request_id: str,
+        ids: list[int],
+        params: SamplingParams,
+        options: GenerateOptions,
+    ) -> AsyncGenerator[GenerationChunk, None]:
+        """The request on one replica; a failure before its first chunk ends the attempt
+        quietly with `attempt.failure` set, so that the caller tries another replica."""
+        chunks = replica.engine.generate(request_id, ids, params, options)
+        replica.dispatched(request_id, len(ids) + params.max_tokens)
+        self._placed[request_id] = replica
+        try:
+            async for chunk in chunks:
+                if not attempt.streamed:
+                    if self._failed(replica, chunk):
+                        attempt.failure = chunk
+                        return
+                    replica.first_output(request_id)
+                    attempt.streamed = True
+                yield chunk
+        except ValueError:
+            raise  # refused before it started: it can never fit
+        except Exception as e:
+            if attempt.streamed:
+                raise
+            replica.mark_down(f"{type(e).__name__}: {e}")
+            attempt.failure = _error_chunk(request_id, f"replica {replica.name} failed: {e}")
+        finally:
+            await _close(chunks)
+            replica.finished(request_id)
+            if self._placed.get(request_id) is replica:
+                del self._placed[request_id]
 
     async def abort(self, request_id: str) -> None:
         replica = self._placed.get(request_id)
@@ -149,6 +172,8 @@ class Router:
     # -- routing ----------------------------------------------------------------------------
 
     def _choose(self, prompt_tokens: int, tried: set[int]) -> Replica | None:
+        if self._closed:
+            return None
         threshold = self.config.long_prompt_threshold
         pool = "long" if threshold is not None and prompt_tokens > threshold else "main"
         open_ = [(i, r) for i, r in enumerate(self.replicas) if r.serving and id(r) not in tried]
