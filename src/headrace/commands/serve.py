@@ -107,6 +107,9 @@ def serve(
         for spec in specs:
             where = spec.model or "Gemma 3 270M (embedded)"
             log.info("Loading model %s: %s x %d ...", spec.name, where, spec.replicas)
+        assert server is not None
+        while not server.started:  # load only once the port is ours: /health answers meanwhile
+            await asyncio.sleep(0.02)
         ticker = asyncio.create_task(_tick(", ".join(s.name for s in specs), t0))
         try:
             engines = await start_deployment(
@@ -119,9 +122,6 @@ def serve(
             raise
         finally:
             ticker.cancel()
-        assert server is not None
-        while not server.started and not server.should_exit:
-            await asyncio.sleep(0.05)
         log.info(
             "Headrace ready: model %s on http://%s:%d (loaded in %.1f s)",
             ", ".join(engines), server_cfg.host, server.bound_port(), time.monotonic() - t0,
