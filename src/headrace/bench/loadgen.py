@@ -67,6 +67,8 @@ class _Collector:
                 error="cancelled",
                 tenant=spec.tenant.name if spec.tenant else None,
                 tier=spec.tenant.tier if spec.tenant else None,
+                kind=spec.kind,
+                max_tokens=spec.max_tokens,
             )
             self.results.append(result)
             raise
