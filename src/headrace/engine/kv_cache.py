@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from headrace.models.args import ModelArgs
@@ -17,7 +19,11 @@ def blocks_for_budget(args: ModelArgs, block_size: int, dtype: torch.dtype, gib:
 
 
 class KVCache:
-    """Zero-filled pools: masked-out slots must hold finite values (0 * NaN is NaN)."""
+    """The pools, allocated uninitialized (zeroing 1 GiB up front costs about a second).
+
+    A block is zeroed the first time a step uses it: masked-out slots of a gathered block must
+    hold finite values, since attention multiplies them by a zero weight (0 * NaN is NaN).
+    """
 
     def __init__(
         self,
@@ -30,13 +36,28 @@ class KVCache:
         shape = (num_blocks, block_size, args.num_kv_heads, args.head_dim)
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.device = device
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [
             (
-                torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
+                torch.empty(shape, dtype=dtype, device=device),
+                torch.empty(shape, dtype=dtype, device=device),
             )
             for _ in range(args.num_layers)
         ]
+        self._zeroed = bytearray(num_blocks)
+        self.prepare([0])  # block 0 pads decode block tables
+
+    def prepare(self, block_ids: Iterable[int]) -> None:
+        """Zero the blocks among `block_ids` that no step has used yet."""
+        fresh = sorted({b for b in block_ids if not self._zeroed[b]})
+        if not fresh:
+            return
+        index = torch.tensor(fresh, dtype=torch.int64, device=self.device)
+        for k, v in self.layers:
+            k.index_fill_(0, index, 0)
+            v.index_fill_(0, index, 0)
+        for b in fresh:
+            self._zeroed[b] = 1
 
     @property
     def nbytes(self) -> int:

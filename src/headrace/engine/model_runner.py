@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,12 @@ class ModelRunner:
         device = pick_device(model_config.device)
         dtype = pick_dtype(model_config.dtype, device)
         model_dir, name = resolve_model(model_config.model)
-        tokenizer = load_tokenizer(model_dir)
         cap = model_config.max_model_len or 1 << 40
-        model, _ = load_model(model_dir, dtype, device, cap)
+        # The tokenizer (a 262k vocabulary for Gemma) parses while the weights load.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(load_tokenizer, model_dir)
+            model, _ = load_model(model_dir, dtype, device, cap)
+            tokenizer = pending.result()
         self._setup(
             model,
             tokenizer,
@@ -123,6 +127,7 @@ class ModelRunner:
         if out.is_empty:
             return RunnerOutput(sampled={})
         self._validate(out)
+        self.kv_cache.prepare(b for req in out.scheduled for b in req.block_ids)
         inputs = build_step_inputs(
             out.scheduled, self.block_size, self.model.args.windows, self.device
         )

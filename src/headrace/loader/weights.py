@@ -38,11 +38,9 @@ class WeightLoader:
 
     def __init__(self, model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
         self.model = model
-        self.params = dict(model.named_parameters())
-        self.storage = {
-            name: torch.empty(p.shape, dtype=dtype, device=device)
-            for name, p in self.params.items()
-        }
+        self.dtype, self.device = dtype, device
+        self.shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        self.storage: dict[str, torch.Tensor] = {}
         self.filled: set[tuple[str, int | None]] = set()
         self.tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False)
 
@@ -50,24 +48,31 @@ class WeightLoader:
         if hf_name.endswith(IGNORED_SUFFIXES) or (self.tied and hf_name == "lm_head.weight"):
             return
         name, part = target_of(hf_name)
-        if name not in self.storage:
+        if name not in self.shapes:
             raise ModelLoadError(f"{source}: unexpected tensor {hf_name!r} for this architecture")
-        dest = self.storage[name]
+        expected = self.shapes[name]
         if part is not None:
             module = self.model.get_submodule(name.rsplit(".", 1)[0])
             assert isinstance(module, MergedLinear)
-            dest = dest[module.shard_slice(part)]
-        if tuple(tensor.shape) != tuple(dest.shape):
+            rows = module.shard_slice(part)
+            expected = (rows.stop - rows.start, *expected[1:])
+        if tuple(tensor.shape) != expected:
             raise ModelLoadError(
-                f"{source}: tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
-                f"expected {tuple(dest.shape)}"
+                f"{source}: tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {expected}"
             )
-        dest.copy_(tensor)
+        if part is None:  # the loaded tensor becomes the parameter: no second copy
+            self.storage[name] = tensor.to(device=self.device, dtype=self.dtype).contiguous()
+        else:
+            if name not in self.storage:
+                self.storage[name] = torch.empty(
+                    self.shapes[name], dtype=self.dtype, device=self.device
+                )
+            self.storage[name][rows].copy_(tensor)
         self.filled.add((name, part))
 
     def finish(self) -> None:
         """Check nothing is missing, then swap the meta parameters for the loaded ones."""
-        missing = [hf for name in self.storage for hf in self._missing(name)]
+        missing = [hf for name in self.shapes for hf in self._missing(name)]
         if missing:
             shown = ", ".join(missing[:8]) + (
                 f" ... ({len(missing) - 8} more)" if len(missing) > 8 else ""
