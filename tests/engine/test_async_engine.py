@@ -71,7 +71,7 @@ def test_streams_equal_offline_generation_and_cut_stop_strings(fake_runner, fake
 
 def test_closing_the_iterator_aborts_and_frees_blocks(fake_runner, fake_tokenizer):
     async def main():
-        engine, _ = await _start(fake_runner, fake_tokenizer, step_delay_s=0.01)
+        engine, runner = await _start(fake_runner, fake_tokenizer, step_delay_s=0.01)
         try:
             params = SamplingParams(max_tokens=200, ignore_eos=True)
             gen = engine.generate("long", "Hello world", params)
@@ -79,19 +79,20 @@ def test_closing_the_iterator_aborts_and_frees_blocks(fake_runner, fake_tokenize
                 if chunk.completion_tokens >= 3:
                     break
             assert engine.stats().kv_blocks_used > 0
+            steps_before = len(runner.steps)
             await gen.aclose()
-            t0 = time.monotonic()
-            await _until(lambda: engine.stats().kv_blocks_used == 0, timeout=1.0)
-            freed_after = time.monotonic() - t0
+            await _until(lambda: engine.stats().kv_blocks_used == 0, timeout=5.0)
             assert engine.stats().num_running == 0
+            steps_after = len(runner.steps)
             # The id is free again at once.
             again = await _collect(engine, "long", "Hello", GREEDY)
-            return freed_after, again
+            return steps_after - steps_before, again
         finally:
             await engine.close()
 
-    freed_after, again = asyncio.run(main())
-    assert freed_after < 0.1  # within a step or two (10 ms each)
+    steps_taken, again = asyncio.run(main())
+    # Freed by the step after the abort arrived (one more may have been running then).
+    assert steps_taken <= 2
     assert again[-1].finish_reason is FinishReason.LENGTH
 
 

@@ -63,7 +63,7 @@ def test_process_engine_streams_cancels_and_shuts_down(tiny_model_dir, offline):
                     break
             assert engine.stats().kv_blocks_used > 0
             await gen.aclose()
-            freed = await _until(lambda: engine.stats().kv_blocks_used == 0, timeout=2.0)
+            freed = await _until(lambda: engine.stats().kv_blocks_used == 0, timeout=5.0)
             with pytest.raises(ValueError, match="exceeds"):
                 await _collect(engine, "huge", PROMPTS[0], SamplingParams(max_tokens=2000))
             # A token id the model does not have makes the runner raise inside the step.
@@ -81,7 +81,7 @@ def test_process_engine_streams_cancels_and_shuts_down(tiny_model_dir, offline):
         assert [t for c in chunks for t in c.token_ids] == want.token_ids
         assert "".join(c.text for c in chunks) == want.text
         assert chunks[-1].finish_reason is FinishReason.LENGTH
-    assert freed < 1.0 and stats.num_running == 0
+    assert freed < 2.0 and stats.num_running == 0  # a few tiny-model steps, even on busy CPUs
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the core process is gone
 
