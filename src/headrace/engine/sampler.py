@@ -29,17 +29,20 @@ class Sampler:
     def __call__(
         self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """logits [S, V] float32, one row per request -> chosen token ids and logprobs."""
-        tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
+        """logits [S, V] (any float dtype), one row per request -> token ids and logprobs."""
         greedy = [i for i, r in enumerate(requests) if r.params.greedy]
         drawn = [i for i, r in enumerate(requests) if not r.params.greedy]
-        if greedy:
-            rows = torch.tensor(greedy, device=logits.device)
-            tokens[rows] = logits[rows].argmax(dim=-1)
-        if drawn:
+        if not drawn:  # greedy needs no float32 copy of a [S, 262k] bf16 tensor
+            chosen = _argmax(logits).tolist()
+        else:
+            tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
+            if greedy:
+                rows = torch.tensor(greedy, device=logits.device)
+                tokens[rows] = _argmax(logits.index_select(0, rows))
             rows = torch.tensor(drawn, device=logits.device)
-            tokens[rows] = self._draw(logits[rows], [requests[i] for i in drawn])
-        chosen = tokens.tolist()
+            sub = logits.index_select(0, rows).float()
+            tokens[rows] = self._draw(sub, [requests[i] for i in drawn])
+            chosen = tokens.tolist()
         return chosen, _logprobs(logits, requests, chosen)
 
     def _draw(self, logits: torch.Tensor, reqs: list[ScheduledRequest]) -> torch.Tensor:
@@ -55,12 +58,17 @@ class Sampler:
         target = (u * cdf[:, -1])[:, None]  # [R, 1]
         idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first cdf > target: p > 0
         # Rounding can push the target to the very end; fall back to the likeliest token.
-        return torch.where(idx >= probs.shape[1], probs.argmax(dim=-1), idx)
+        return torch.where(idx >= probs.shape[1], _argmax(probs), idx)
 
     def _uniform(self, req: ScheduledRequest) -> float:
         if req.params.seed is None:
             return self._rng.random()
         return seeded_uniform(req.params.seed, req.num_output_tokens)
+
+
+def _argmax(x: torch.Tensor) -> torch.Tensor:
+    """[R, V] -> [R]: the first maximum, like argmax; max() is 2-4x faster on the CPU."""
+    return x.max(dim=-1).indices
 
 
 def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:
@@ -102,7 +110,8 @@ def _logprobs(
     wanted = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
     if not wanted:
         return out
-    lp = torch.log_softmax(logits[wanted].float(), dim=-1)  # [W, V]
+    rows = torch.tensor(wanted, device=logits.device)
+    lp = torch.log_softmax(logits.index_select(0, rows).float(), dim=-1)  # [W, V]
     for row, i in enumerate(wanted):
         n = requests[i].params.logprobs or 0
         top: list[tuple[int, float]] = []

@@ -2,13 +2,51 @@
 
 One `[q | k | v]` matmul instead of three saves two kernel launches per layer, which matters on
 the CPU at small batch sizes. The loader fills each part through `shard_slice`.
+
+On the CPU, weights can be repacked once into oneDNN's preferred layout (`pack_weight`): the
+matmuls of a decode step then run 1.2-2.5x faster than `F.linear`, which reorders the weight on
+every call (bf16) or takes MKL's slow path for a few rows (fp32).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+log = logging.getLogger(__name__)
+PACK_BATCH_HINT = 32  # oneDNN picks the layout for about this many rows; any count works
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """The weight [out, in] in oneDNN's layout, or None where that is unavailable or differs."""
+    if (
+        weight.device.type != "cpu"
+        or weight.dtype not in (torch.float32, torch.bfloat16)
+        or not torch.backends.mkldnn.is_available()
+        or os.environ.get("HEADRACE_NO_PACK")
+    ):
+        return None
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
+        probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
+        probe = probe.to(weight.dtype)
+        got = packed_linear(probe, packed, None).float()
+        want = F.linear(probe, weight).float()
+    except (RuntimeError, AttributeError) as e:  # an op missing from this torch build
+        log.info("oneDNN weight packing unavailable: %s", e)
+        return None
+    tolerance = 1e-2 if weight.dtype == torch.bfloat16 else 1e-3
+    if not torch.allclose(got, want, rtol=tolerance, atol=tolerance):
+        return None
+    return packed
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 class MergedLinear(nn.Module):
@@ -21,12 +59,19 @@ class MergedLinear(nn.Module):
         total = sum(out_sizes)
         self.weight = nn.Parameter(torch.empty(total, in_features))  # [sum(out), in]
         self.bias = nn.Parameter(torch.zeros(total)) if bias else None
+        self.packed: torch.Tensor | None = None
 
     def shard_slice(self, index: int) -> slice:
         start = sum(self.out_sizes[:index])
         return slice(start, start + self.out_sizes[index])
 
+    def pack(self) -> None:
+        """Repack for the CPU; the plain weight stays for export and inspection."""
+        self.packed = pack_weight(self.weight)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, sum(out)]
+        if self.packed is not None:
+            return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:

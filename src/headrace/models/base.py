@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headrace.layers.attention import AttentionMetadata
+from headrace.layers.linear import MergedLinear, pack_weight, packed_linear
 from headrace.layers.rotary import RotaryEmbedding
 from headrace.models.args import ModelArgs
 
@@ -26,6 +27,7 @@ class CausalLM(nn.Module):
         self.args = args
         self.ropes: dict[str, RotaryEmbedding] = {}
         self.lm_head: nn.Module | None = None
+        self.packed_head: torch.Tensor | None = None
 
     @classmethod
     def parse_config(cls, cfg: dict[str, Any]) -> ModelArgs:
@@ -40,6 +42,11 @@ class CausalLM(nn.Module):
             ).to(device)
             for key, params in self.args.rope.items()
         }
+        for module in self.modules():
+            if isinstance(module, MergedLinear):
+                module.pack()
+        if self.lm_head is None:  # tied: the embedding stays for lookups, the head is packed
+            self.packed_head = pack_weight(self.embed_weight)
 
     @property
     def embed_weight(self) -> torch.Tensor:
@@ -63,18 +70,20 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:  # [T, H], after the final norm
         ...
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [S, H] -> [S, V] float32
-        weight = self.embed_weight if self.lm_head is None else self.lm_head.weight
-        assert isinstance(weight, torch.Tensor)
-        if hidden.device.type == "cpu" and hidden.dtype == torch.float32 and len(hidden) <= 64:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [S, H] -> [S, V]
+        if self.lm_head is not None:
+            logits = self.lm_head(hidden)
+        elif self.packed_head is not None:
+            logits = packed_linear(hidden, self.packed_head, None)
+        elif hidden.device.type == "cpu" and hidden.dtype == torch.float32 and len(hidden) <= 64:
             # MKL's x @ W^T is 2-3x slower than (W @ x^T)^T for a few rows against 262k
-            logits = torch.mm(weight, hidden.t()).t().contiguous()
+            logits = torch.mm(self.embed_weight, hidden.t()).t().contiguous()
         else:
-            logits = F.linear(hidden, weight).float()
+            logits = F.linear(hidden, self.embed_weight)
         cap = self.args.final_logit_softcapping
         if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+            logits = torch.tanh(logits.float() / cap) * cap
+        return logits  # the model's dtype: the sampler casts only rows it draws from
 
 
 class Embedding(nn.Module):
