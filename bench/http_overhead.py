@@ -157,6 +157,8 @@ async def compare(args: argparse.Namespace, url: str) -> dict[str, dict[str, obj
             for _ in range(args.repeats):
                 for name, run in sides.items():
                     runs[name].append(await run(n, work))
+                    tps = runs[name][-1].tokens_per_s()
+                    print(f"{n:>3} streams  {name:<6} {tps:8.1f} tokens/s", file=sys.stderr)
             best = {k: max(v, key=Run.tokens_per_s) for k, v in runs.items()}
             out[str(n)] = {
                 "engine": best["engine"].summary(),
