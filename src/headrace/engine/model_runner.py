@@ -129,7 +129,7 @@ class ModelRunner:
         self._validate(out)
         self.kv_cache.prepare(b for req in out.scheduled for b in req.block_ids)
         inputs = build_step_inputs(
-            out.scheduled, self.block_size, self.model.args.windows, self.device
+            out.scheduled, self.block_size, self.model.args.windows, self.device, self.dtype
         )
         with torch.inference_mode():
             hidden = self.model(

@@ -30,7 +30,10 @@ def build_step_inputs(
     block_size: int,
     windows: Sequence[Window],
     device: torch.device,
+    mask_dtype: torch.dtype | None = None,
 ) -> StepInputs:
+    """`mask_dtype`: decode masks as additive float masks of the queries' dtype, converted once
+    here rather than by every layer's attention call (None: boolean masks)."""
     decodes = [s for s in scheduled if len(s.token_ids) == 1]
     chunks = [s for s in scheduled if len(s.token_ids) > 1]
     ordered = decodes + chunks
@@ -57,7 +60,9 @@ def build_step_inputs(
     meta = AttentionMetadata(
         slot_mapping=_tensor(slots, device),
         num_decodes=len(decodes),
-        decode_views=_decode_views(decodes, block_size, windows, device) if decodes else {},
+        decode_views=_decode_views(decodes, block_size, windows, device, mask_dtype)
+        if decodes
+        else {},
         prefills=prefills,
     )
     return StepInputs(
@@ -93,6 +98,7 @@ def _decode_views(
     block_size: int,
     windows: Sequence[Window],
     device: torch.device,
+    mask_dtype: torch.dtype | None,
 ) -> dict[Window, KVView]:
     """For each window: padded block tables [B, nb] and masks [B, 1, 1, nb * bs]."""
     last = torch.tensor([d.start_pos for d in decodes], dtype=torch.int64)  # query positions
@@ -110,7 +116,10 @@ def _decode_views(
         mask = pos <= last[:, None]
         if window is not None:
             mask &= pos > last[:, None] - window
-        views[window] = KVView(table.to(device), mask[:, None, None, :].to(device))
+        mask = mask[:, None, None, :]  # [B, 1, 1, L]
+        if mask_dtype is not None:
+            mask = torch.zeros(mask.shape, dtype=mask_dtype).masked_fill(~mask, float("-inf"))
+        views[window] = KVView(table.to(device), mask.to(device))
     return views
 
 

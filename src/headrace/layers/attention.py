@@ -25,7 +25,8 @@ class KVView:
     """Which cache blocks a query group reads, and which of their slots it may see."""
 
     block_table: torch.Tensor  # [B, num_blocks] (decode) or [num_blocks] (prefill), int64
-    mask: torch.Tensor | None  # bool, True = attend: [B, 1, 1, L] (decode) or [q_len, L] (prefill)
+    # True = attend (or additive 0 / -inf): [B, 1, 1, L] (decode) or [q_len, L] (prefill)
+    mask: torch.Tensor | None
 
 
 @dataclass
@@ -70,8 +71,10 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] of this step -> output [T, Hq * D]."""
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-    out = torch.empty_like(q)  # [T, Hq, D]
     nd = meta.num_decodes
+    if nd == q.shape[0]:  # decodes only: the common step, no output buffer needed
+        return _decode(q, k_cache, v_cache, meta.decode_views[window], scale).flatten(1)
+    out = q.new_empty(q.shape)  # [T, Hq, D]
     if nd:
         out[:nd] = _decode(q[:nd], k_cache, v_cache, meta.decode_views[window], scale)
     for chunk in meta.prefills:

@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, offset: bool) -> torch.Tensor:
+    """x [..., D] normalized, times `scale` (broadcast against x).
+
+    Llama casts back to the input dtype before the weight; Gemma multiplies in float32 by
+    `1 + w` and casts last. We follow each so that results match transformers'.
+    """
+    dim = (x.shape[-1],)
+    if not offset:
+        return scale * F.rms_norm(x.float(), dim, None, eps).to(x.dtype)
+    if scale.dim() == 1:  # F.rms_norm's own weight path: the same float32 products
+        return F.rms_norm(x.float(), dim, scale, eps).to(x.dtype)
+    return (F.rms_norm(x.float(), dim, None, eps) * scale).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
     """`x / rms(x) * w` (Llama, Qwen) or `* (1 + w)` with `offset=True` (Gemma).
 
-    Llama casts back to the input dtype before the weight; Gemma multiplies in float32 and casts
-    last. We follow each so that bf16 results match transformers bit for bit where possible.
+    `prepare()` (after loading) computes the multiplier once: Gemma's float32 `1 + w`.
     """
 
     def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
@@ -18,10 +32,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.offset = offset
         self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
+        self.scale: torch.Tensor | None = None
+
+    def multiplier(self) -> torch.Tensor:
+        return 1.0 + self.weight.float() if self.offset else self.weight
+
+    def prepare(self) -> None:
+        self.scale = self.multiplier()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.offset:
-            return (xf * (1.0 + self.weight.float())).to(x.dtype)
-        return self.weight * xf.to(x.dtype)
+        scale = self.scale if self.scale is not None else self.multiplier()
+        return rms_norm(x, scale, self.eps, self.offset)
+
+
+def stacked_head_scale(q_norm: RMSNorm, k_norm: RMSNorm, hq: int, hkv: int) -> torch.Tensor:
+    """[hq + hkv, D]: the q and k norms' multipliers per head, to normalize q and k in one go."""
+    d = q_norm.weight.shape[0]
+    return torch.cat((q_norm.multiplier().expand(hq, d), k_norm.multiplier().expand(hkv, d)))

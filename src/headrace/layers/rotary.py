@@ -95,7 +95,11 @@ def _yarn(p: dict[str, Any], base: float, dim: int, max_pos: int) -> tuple[torch
 
 
 class RotaryEmbedding(nn.Module):
-    """Holds cos/sin for positions [0, max_len); `cos_sin(positions)` feeds `apply_rotary`."""
+    """Holds cos/sin for positions [0, max_len); `cos_sin(positions)` feeds `apply_rotary`.
+
+    The sin table carries the sign of rotate-half (`[-sin, sin]`), so that a rotation is
+    `x * cos + roll(x, D/2) * sin`: the same products as transformers', with fewer kernels.
+    """
 
     def __init__(
         self, head_dim: int, params: dict[str, Any], max_position_embeddings: int, max_len: int
@@ -104,16 +108,16 @@ class RotaryEmbedding(nn.Module):
         inv_freq, scale = inv_freq_and_scale(params, head_dim, max_position_embeddings)
         positions = torch.arange(max_len, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)  # [max_len, rot_dim / 2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [max_len, rot_dim]
+        cos, sin = freqs.cos() * scale, freqs.sin() * scale
         self.cos: torch.Tensor
         self.sin: torch.Tensor
-        self.register_buffer("cos", emb.cos() * scale, persistent=False)
-        self.register_buffer("sin", emb.sin() * scale, persistent=False)
+        self.register_buffer("cos", torch.cat((cos, cos), dim=-1), persistent=False)
+        self.register_buffer("sin", torch.cat((-sin, sin), dim=-1), persistent=False)
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[T] -> cos, sin [T, 1, rot_dim] in `dtype`, shared by every layer of a step."""
+        """[T] -> cos, signed sin [T, 1, rot_dim] in `dtype`, shared by every layer of a step."""
         cos = self.cos.index_select(0, positions).unsqueeze(1).to(dtype)
         sin = self.sin.index_select(0, positions).unsqueeze(1).to(dtype)
         return cos, sin
@@ -125,6 +129,4 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     if rot_dim < x.shape[-1]:
         rot, rest = x[..., :rot_dim], x[..., rot_dim:]
         return torch.cat((apply_rotary(rot, cos, sin), rest), dim=-1)
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + x.roll(rot_dim // 2, dims=-1) * sin

@@ -45,6 +45,9 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, MergedLinear):
                 module.pack()
+            prepare = getattr(module, "prepare", None)
+            if callable(prepare):  # per-layer constants that depend on loaded weights
+                prepare()
         if self.lm_head is None:  # tied: the embedding stays for lookups, the head is packed
             self.packed_head = pack_weight(self.embed_weight)
 

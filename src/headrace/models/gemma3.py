@@ -10,7 +10,7 @@ from torch import nn
 
 from headrace.layers.attention import AttentionMetadata, paged_attention
 from headrace.layers.linear import Linear, MergedLinear
-from headrace.layers.norm import RMSNorm
+from headrace.layers.norm import RMSNorm, rms_norm, stacked_head_scale
 from headrace.layers.rotary import apply_rotary
 from headrace.models.args import ModelArgs, common_args, rope_params
 from headrace.models.base import CausalLM, CosSin, Embedding, KVCaches
@@ -68,6 +68,11 @@ class Gemma3Attention(nn.Module):
         self.window = args.layer_windows[layer_idx]
         self.rope_key = args.layer_rope[layer_idx]
         self.scale = args.attn_scale
+        self.qk_scale: torch.Tensor | None = None
+
+    def prepare(self) -> None:
+        hq, hkv, _ = self.shape
+        self.qk_scale = stacked_head_scale(self.q_norm, self.k_norm, hq, hkv)
 
     def forward(
         self,
@@ -77,12 +82,17 @@ class Gemma3Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H]
         hq, hkv, d = self.shape
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
-        q = self.q_norm(q.view(-1, hq, d))  # [T, Hq, D]
-        k = self.k_norm(k.view(-1, hkv, d))  # [T, Hkv, D]
+        qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) * D]
+        qk = qkv[:, : (hq + hkv) * d].view(-1, hq + hkv, d)  # q and k heads side by side
+        v = qkv[:, (hq + hkv) * d :].view(-1, hkv, d)  # [T, Hkv, D]
+        scale = self.qk_scale
+        if scale is None:
+            scale = stacked_head_scale(self.q_norm, self.k_norm, hq, hkv)
+        qk = rms_norm(qk, scale, self.q_norm.eps, offset=True)  # [T, Hq + Hkv, D]
         cos, sin = cos_sin[self.rope_key]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = paged_attention(q, k, v.view(-1, hkv, d), kv[0], kv[1], meta, self.scale, self.window)
+        qk = apply_rotary(qk, cos, sin)
+        q, k = qk[:, :hq], qk[:, hq:]
+        out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.window)
         return self.o_proj(out)
 
 
@@ -138,7 +148,7 @@ class Gemma3ForCausalLM(CausalLM):
     ) -> torch.Tensor:
         x = self.embed(input_ids)  # [T, H]
         # transformers scales by a float32 scalar cast to the weights' dtype first
-        x = x * torch.tensor(self.args.hidden_size**0.5, dtype=x.dtype)
+        x = x * torch.tensor(self.args.hidden_size**0.5).to(x.dtype).item()
         cos_sin = self.cos_sin(positions, x.dtype)
         for layer, kv in zip(self.model.layers, kv_caches, strict=True):
             x = layer(x, cos_sin, kv, meta)

@@ -10,7 +10,7 @@ from torch import nn
 from headrace.layers.activation import gated, get_activation
 from headrace.layers.attention import AttentionMetadata, paged_attention
 from headrace.layers.linear import Linear, MergedLinear
-from headrace.layers.norm import RMSNorm
+from headrace.layers.norm import RMSNorm, rms_norm, stacked_head_scale
 from headrace.layers.rotary import apply_rotary
 from headrace.models.args import ModelArgs, common_args, layer_windows
 from headrace.models.base import CausalLM, CosSin, Embedding, KVCaches
@@ -30,6 +30,12 @@ class LlamaAttention(nn.Module):
         self.window = args.layer_windows[layer_idx]
         self.rope_key = args.layer_rope[layer_idx]
         self.scale = args.attn_scale
+        self.qk_scale: torch.Tensor | None = None
+
+    def prepare(self) -> None:
+        if self.q_norm is not None and self.k_norm is not None:
+            hq, hkv, _ = self.shape
+            self.qk_scale = stacked_head_scale(self.q_norm, self.k_norm, hq, hkv)
 
     def forward(
         self,
@@ -39,15 +45,19 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H]
         hq, hkv, d = self.shape
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
-        q = q.view(-1, hq, d)  # [T, Hq, D]
-        k = k.view(-1, hkv, d)  # [T, Hkv, D]
-        v = v.view(-1, hkv, d)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) * D]
+        qk = qkv[:, : (hq + hkv) * d].view(-1, hq + hkv, d)  # q and k heads side by side
+        v = qkv[:, (hq + hkv) * d :].view(-1, hkv, d)  # [T, Hkv, D]
+        if self.q_norm is not None and self.k_norm is not None:  # Qwen3
+            scale = self.qk_scale
+            if scale is None:
+                scale = stacked_head_scale(self.q_norm, self.k_norm, hq, hkv)
+            qk = rms_norm(qk, scale, self.q_norm.eps, offset=False)
         cos, sin = cos_sin[self.rope_key]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.window)
+        qk = apply_rotary(qk, cos, sin)  # [T, Hq + Hkv, D]
+        out = paged_attention(
+            qk[:, :hq], qk[:, hq:], v, kv[0], kv[1], meta, self.scale, self.window
+        )
         return self.o_proj(out)
 
 
