@@ -27,7 +27,7 @@ PROMPTS = [
     "def fibonacci(n):\n    ",
 ]
 NEW_TOKENS = 24
-LOGIT_ATOL = 2e-2  # logits are O(10); observed differences are ~1e-4
+LOGIT_ATOL = 1e-3  # logits are O(10-30); observed differences are 3e-5 to 7e-5
 
 TEXTS = [
     "Hello world",
