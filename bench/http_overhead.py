@@ -4,7 +4,7 @@ For each concurrency level (closed loop: N clients, each sends its next request 
 one ends), the same greedy requests (fixed prompts, `ignore_eos`, fixed max_tokens) run
 (a) straight on an `AsyncEngine` in this process and (b) through a `headrace serve` process over
 streaming /v1/completions, taking turns (A B A B) so that the machine's noise hits both; each
-side's best turn counts. While (b) runs, a prober times /health. Prints JSON.
+side's median turn counts. While (b) runs, a prober times /health. Prints JSON.
 
     .venv/bin/python bench/http_overhead.py                       # Gemma 3 270M
     .venv/bin/python bench/http_overhead.py --model DIR --levels 1 8 32 --max-tokens 64
@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -56,6 +57,7 @@ class Run:
     requests: int = 0
     seconds: float = 0.0
     health_ms: list[float] = field(default_factory=list)
+    frontend_cpu_s: float = 0.0  # CPU of the process that holds the AsyncEngine front end
 
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
@@ -66,6 +68,7 @@ class Run:
             "output_tokens": self.tokens,
             "seconds": round(self.seconds, 3),
             "tokens_per_s": round(self.tokens_per_s(), 2),
+            "frontend_cpu_us_per_token": round(self.frontend_cpu_s / max(self.tokens, 1) * 1e6, 1),
         }
         if self.health_ms:
             ms = sorted(self.health_ms)
@@ -111,10 +114,21 @@ def engine_runner(engine: AsyncEngine, max_tokens: int) -> Runner:
             tokens = chunk.completion_tokens
         return tokens
 
-    return lambda n, work: closed_loop(n, work, one)
+    async def run(n: int, work: list[str]) -> Run:
+        cpu0 = time.process_time()  # this process: the engine's front end (the core is a child)
+        result = await closed_loop(n, work, one)
+        result.frontend_cpu_s = time.process_time() - cpu0
+        return result
+
+    return run
 
 
-def server_runner(client: httpx.AsyncClient, max_tokens: int) -> Runner:
+def process_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def server_runner(client: httpx.AsyncClient, max_tokens: int, pid: int) -> Runner:
     async def one(i: int, prompt: str) -> int:
         body = {
             "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
@@ -131,7 +145,9 @@ def server_runner(client: httpx.AsyncClient, max_tokens: int) -> Runner:
     async def run(n: int, work: list[str]) -> Run:
         done = asyncio.Event()
         probe = asyncio.ensure_future(probe_health(str(client.base_url), done))
+        cpu0 = process_cpu_s(pid)  # the server's front end: HTTP + its AsyncEngine
         result = await closed_loop(n, work, one)
+        result.frontend_cpu_s = process_cpu_s(pid) - cpu0
         done.set()
         result.health_ms = await probe
         return result
@@ -139,15 +155,15 @@ def server_runner(client: httpx.AsyncClient, max_tokens: int) -> Runner:
     return run
 
 
-async def compare(args: argparse.Namespace, url: str) -> dict[str, dict[str, object]]:
+async def compare(args: argparse.Namespace, url: str, pid: int) -> dict[str, dict[str, object]]:
     """Engine and server take turns on each level (A B A B ...): the machine's noise hits both;
-    each side's best run counts."""
+    each side's median run counts."""
     engine = await AsyncEngine.start(*configs(args), served_model_name="bench")
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     client = httpx.AsyncClient(base_url=url, timeout=600, limits=limits)
     try:
         sides = {"engine": engine_runner(engine, args.max_tokens),
-                 "server": server_runner(client, args.max_tokens)}  # fmt: skip
+                 "server": server_runner(client, args.max_tokens, pid)}  # fmt: skip
         for run in sides.values():
             await run(2, prompts(4, 8))  # warm-up
         out: dict[str, dict[str, object]] = {}
@@ -159,13 +175,21 @@ async def compare(args: argparse.Namespace, url: str) -> dict[str, dict[str, obj
                     runs[name].append(await run(n, work))
                     tps = runs[name][-1].tokens_per_s()
                     print(f"{n:>3} streams  {name:<6} {tps:8.1f} tokens/s", file=sys.stderr)
-            best = {k: max(v, key=Run.tokens_per_s) for k, v in runs.items()}
+            mid = {k: sorted(v, key=Run.tokens_per_s)[len(v) // 2] for k, v in runs.items()}
             out[str(n)] = {
-                "engine": best["engine"].summary(),
-                "server": best["server"].summary(),
+                "engine": mid["engine"].summary(),
+                "server": mid["server"].summary(),
                 "server_vs_engine": round(
-                    best["server"].tokens_per_s() / best["engine"].tokens_per_s(), 3
+                    mid["server"].tokens_per_s() / mid["engine"].tokens_per_s(), 3
                 ),
+                "http_cpu_us_per_token": round(
+                    (
+                        mid["server"].frontend_cpu_s / max(mid["server"].tokens, 1)
+                        - mid["engine"].frontend_cpu_s / max(mid["engine"].tokens, 1)
+                    )
+                    * 1e6,
+                    1,
+                ),  # fmt: skip
                 "all_tokens_per_s": {
                     k: [round(r.tokens_per_s(), 1) for r in v] for k, v in runs.items()
                 },
@@ -176,7 +200,7 @@ async def compare(args: argparse.Namespace, url: str) -> dict[str, dict[str, obj
         await engine.close()
 
 
-async def probe_health(url: str, done: asyncio.Event, every_s: float = 0.02) -> list[float]:
+async def probe_health(url: str, done: asyncio.Event, every_s: float = 0.05) -> list[float]:
     """/health round trips (ms) on a connection of its own until `done`."""
     times = []
     async with httpx.AsyncClient(base_url=url, timeout=30) as c:
@@ -245,7 +269,7 @@ def main() -> None:
     args = p.parse_args()
     proc, url = start_server(args)
     try:
-        levels = asyncio.run(compare(args, url))
+        levels = asyncio.run(compare(args, url, proc.pid))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
