@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -87,33 +88,58 @@ def headrace_prefill(runner: ModelRunner, seqs: int, length: int, repeats: int) 
 
 
 def hf_decode(model: Any, batch: int, context: int, steps: int, vocab: int) -> float:
-    """transformers' generate: decode tokens/s from generate(steps + 1) - generate(1)."""
+    """transformers' generate: tokens/s of its decode steps (median step, prefill excluded),
+    timed from a stopping criterion that generate calls after every token."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    stamps: list[float] = []
+
+    class Clock(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw: Any) -> Any:
+            stamps.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
     ids = torch.tensor(prompts(batch, context, vocab, 0))
-    mask = torch.ones_like(ids)
-
-    def gen(n: int) -> float:
-        start = time.perf_counter()
-        with torch.inference_mode():
-            model.generate(
-                ids,
-                attention_mask=mask,
-                do_sample=False,
-                max_new_tokens=n,
-                min_new_tokens=n,
-                pad_token_id=0,
-            )
-        return time.perf_counter() - start
-
-    gen(2)  # warm-up
-    return batch * steps / max(gen(steps + 1) - gen(1), 1e-9)
+    with torch.inference_mode():
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=steps + 2,
+            min_new_tokens=steps + 2,
+            pad_token_id=0,
+            stopping_criteria=StoppingCriteriaList([Clock()]),
+        )
+    step_times = [b - a for a, b in zip(stamps[1:], stamps[2:], strict=False)]  # decode steps
+    return batch / statistics.median(step_times)
 
 
-def roofline(limits: dict[str, float], dtype: str, params: int, batch: int) -> float:
-    """Most tokens/s a step of `batch` decodes can reach on this machine."""
-    weight_bytes = params * DTYPES[dtype].itemsize
-    memory_s = weight_bytes / (limits["bandwidth_gbs"] * 1e9)
-    compute_s = batch * 2 * params / (limits[f"matmul_gflops_{dtype}"] * 1e9)
+def roofline(limits: dict[str, float], dtype: str, cost: Cost, batch: int) -> float:
+    """Most tokens/s a step of `batch` decodes can reach: it reads every weight once (the
+    tied head included) and does 2 FLOPs per parameter per token (head included)."""
+    memory_s = cost.params * DTYPES[dtype].itemsize / (limits["bandwidth_gbs"] * 1e9)
+    flops = batch * 2 * (cost.layer_params + cost.head_params)
+    compute_s = flops / (limits[f"matmul_gflops_{dtype}"] * 1e9)
     return batch / max(memory_s, compute_s)
+
+
+def prefill_roofline(limits: dict[str, float], dtype: str, cost: Cost, seqs: int, n: int) -> float:
+    """Prefill computes the head only for each sequence's last token."""
+    flops = 2 * (n * cost.layer_params + seqs * cost.head_params)
+    return n / (flops / (limits[f"matmul_gflops_{dtype}"] * 1e9))
+
+
+@dataclass(frozen=True)
+class Cost:
+    params: int  # every weight stored (the tied embedding once)
+    layer_params: int  # weights a token's pass through the layers multiplies with
+    head_params: int  # the output head's (vocab x hidden)
+
+    @classmethod
+    def of(cls, runner: ModelRunner) -> Cost:
+        params = sum(p.numel() for p in runner.model.parameters())
+        head = runner.model.embed_weight.numel()
+        return cls(params, params - head, head)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -132,11 +158,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ModelConfig(model=args.model, dtype=dtype, device="cpu"),
             CacheConfig(block_size=16, num_kv_blocks=max(batches) * 8 + 64),
         )
-        params = sum(p.numel() for p in runner.model.parameters())
-        res: dict[str, Any] = {"params": params, "decode": {}, "hf_decode": {}}
+        cost = Cost.of(runner)
+        res: dict[str, Any] = {"params": cost.params, "decode": {}, "hf_decode": {}}
         for b in batches:
             tps = headrace_decode(runner, b, args.context, args.steps)
-            bound = roofline(limits, dtype, params, b)
+            bound = roofline(limits, dtype, cost, b)
             res["decode"][str(b)] = {
                 "tokens_per_s": round(tps, 1),
                 "roofline": round(bound, 1),
@@ -144,7 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             print(f"{dtype} decode b={b}: {tps:.1f} tok/s ({tps / bound:.0%})", file=sys.stderr)
         tps = headrace_prefill(runner, 4, args.prefill_len, args.repeats)
-        compute = limits[f"matmul_gflops_{dtype}"] * 1e9 / (2 * params)
+        compute = prefill_roofline(limits, dtype, cost, 4, 4 * args.prefill_len)
         res["prefill"] = {
             "tokens_per_s": round(tps, 1),
             "roofline": round(compute, 1),
@@ -152,7 +178,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         del runner
         if args.hf:
-            res["hf_decode"] = hf_baseline(model_dir, dtype, batches, args, limits, params, res)
+            res["hf_decode"] = hf_baseline(model_dir, dtype, batches, args, limits, cost, res)
         report["results"][dtype] = res
     return report
 
@@ -163,7 +189,7 @@ def hf_baseline(
     batches: list[int],
     args: argparse.Namespace,
     limits: dict[str, float],
-    params: int,
+    cost: Cost,
     res: dict[str, Any],
 ) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
@@ -175,7 +201,7 @@ def hf_baseline(
         ours = res["decode"][str(b)]["tokens_per_s"]
         out[str(b)] = {
             "tokens_per_s": round(tps, 1),
-            "share": round(tps / roofline(limits, dtype, params, b), 3),
+            "share": round(tps / roofline(limits, dtype, cost, b), 3),
             "headrace_speedup": round(ours / tps, 2),
         }
         print(f"{dtype} transformers b={b}: {tps:.1f} tok/s", file=sys.stderr)
@@ -192,7 +218,7 @@ def main() -> None:
     p.add_argument("--prefill-len", type=int, default=128, help="tokens of each of 4 prompts")
     p.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--hf-steps", type=int, default=8, help="decode steps timed in transformers")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5, help="best of N for limits and prefill")
     p.add_argument("--threads", type=int, default=None)
     print(json.dumps(run(p.parse_args()), indent=2))
 
