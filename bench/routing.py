@@ -4,9 +4,10 @@ One run starts `headrace serve` on 127.0.0.1 four times, with the same model and
 workload (most prompts short, a few long — a long prefill sits in front of every short request
 that lands behind it):
 
-1. 2 replicas x 1 thread, least-load: a closed loop of `--concurrency` streams measures output
-   tokens/s and the capacity in requests/s; then Poisson arrivals at `--load` x that capacity.
-2. The same arrivals with `--routing round-robin`, then `power-of-two`.
+1. 2 replicas x 1 thread: a closed loop of `--concurrency` streams measures output tokens/s
+   and the capacity in requests/s.
+2. Poisson arrivals at `--load` x that capacity, on a fresh 2 x 1 server per policy
+   (least-load, round-robin, power-of-two; `--order` sets the order).
 3. 1 replica x 2 threads: the same closed loop, output tokens/s.
 
 Reports TTFT p50/p95/p99 (all requests, short ones, long ones) per policy and its ratio to
@@ -75,6 +76,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--output", default="16:64", help="tokens, lo:hi")
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--order", default=",".join(POLICIES), help="policies, in run order")
     p.add_argument("--server-arg", action="append", default=[], help="extra `serve` flag")
     p.add_argument("--out", type=Path, default=Path("bench/out/routing"))
     return p.parse_args()
@@ -191,16 +193,15 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     with server(args, workdir, *two, "--routing", "least-load") as url:
         await warm_up(url)
         two_by_one = await closed(url, args)
-        rate = round(args.load * two_by_one["requests_per_s"], 3)
-        policies["least-load"] = await open_loop(url, args, rate)
-    for policy in POLICIES[1:]:
+    rate = round(args.load * two_by_one["requests_per_s"], 3)
+    for policy in args.order.split(","):  # each on a fresh server, the same arrivals
         with server(args, workdir, *two, "--routing", policy) as url:
             await warm_up(url)
             policies[policy] = await open_loop(url, args, rate)
     with server(args, workdir, "--replicas", "1", "--num-threads", "2") as url:
         await warm_up(url)
         one_by_two = await closed(url, args)
-    base = policies["least-load"]["ttft"]["p95_ms"]
+    base = policies.get("least-load", {}).get("ttft", {}).get("p95_ms")
     return {
         "bench": "routing",
         "model": args.model or "gemma-3-270m (embedded)",
@@ -209,7 +210,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "load": args.load,
         "policies": policies,
         "ttft_p95_vs_least_load": {
-            p: _ratio(policies[p]["ttft"]["p95_ms"], base) for p in POLICIES
+            p: _ratio(v["ttft"]["p95_ms"], base) for p, v in policies.items()
         },
         "replicas_vs_threads": {
             "2_replicas_x_1_thread": two_by_one,
@@ -233,11 +234,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     pols = report["policies"]
-    x = range(len(POLICIES))
+    x = range(len(pols))
     for i, (key, label) in enumerate((("ttft", "all"), ("ttft_short", "short prompts"))):
-        values = [pols[p][key]["p95_ms"] or 0 for p in POLICIES]
+        values = [v[key]["p95_ms"] or 0 for v in pols.values()]
         ax1.bar([j + i * 0.4 for j in x], values, width=0.4, label=label)
-    ax1.set_xticks([j + 0.2 for j in x], POLICIES)
+    ax1.set_xticks([j + 0.2 for j in x], list(pols))
     ax1.set_ylabel("TTFT p95 (ms)")
     ax1.set_title(f"2 replicas, Poisson {report['offered_rate_rps']} req/s, skewed prompts")
     ax1.legend()
