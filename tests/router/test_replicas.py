@@ -120,8 +120,7 @@ def test_sigkill_a_replica_mid_load(server: Server) -> None:
     async def run() -> tuple[list[tuple[int, list[dict[str, Any]]]], dict[str, Any], float]:
         async with httpx.AsyncClient(base_url=url, timeout=90) as c:
             tasks = [
-                asyncio.ensure_future(one(c, body(max_tokens, stream=i % 2 == 0)))
-                for i in range(n)
+                asyncio.ensure_future(one(c, body(max_tokens, stream=i % 2 == 0))) for i in range(n)
             ]
 
             def all_placed() -> bool:  # 2 running + 3 waiting on each replica

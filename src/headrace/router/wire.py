@@ -59,8 +59,11 @@ def chunk_from_json(data: dict[str, Any]) -> GenerationChunk:
         prompt_tokens=int(data.get("prompt_tokens", 0)),
         completion_tokens=int(data.get("completion_tokens", 0)),
         logprobs=[
-            TokenLogprobs(int(lp["token_id"]), float(lp["logprob"]),
-                          [(int(t), float(p)) for t, p in lp["top"]])
+            TokenLogprobs(
+                int(lp["token_id"]),
+                float(lp["logprob"]),
+                [(int(t), float(p)) for t, p in lp["top"]],
+            )
             for lp in data.get("logprobs", [])
         ],  # fmt: skip
         error=data.get("error"),
