@@ -128,7 +128,16 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def server_runner(client: httpx.AsyncClient, max_tokens: int, pid: int) -> Runner:
+async def health_cpu_s(client: httpx.AsyncClient, pid: int, n: int = 200) -> float:
+    """Server CPU seconds one /health costs (idle server), to keep the prober out of the
+    per-token figure."""
+    cpu0 = process_cpu_s(pid)
+    for _ in range(n):
+        (await client.get("/health")).raise_for_status()
+    return (process_cpu_s(pid) - cpu0) / n
+
+
+def server_runner(client: httpx.AsyncClient, max_tokens: int, pid: int, probe_s: float) -> Runner:
     async def one(i: int, prompt: str) -> int:
         body = {
             "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
@@ -147,9 +156,10 @@ def server_runner(client: httpx.AsyncClient, max_tokens: int, pid: int) -> Runne
         probe = asyncio.ensure_future(probe_health(str(client.base_url), done))
         cpu0 = process_cpu_s(pid)  # the server's front end: HTTP + its AsyncEngine
         result = await closed_loop(n, work, one)
-        result.frontend_cpu_s = process_cpu_s(pid) - cpu0
+        cpu = process_cpu_s(pid) - cpu0
         done.set()
         result.health_ms = await probe
+        result.frontend_cpu_s = max(cpu - len(result.health_ms) * probe_s, 0.0)
         return result
 
     return run
@@ -162,11 +172,13 @@ async def compare(args: argparse.Namespace, url: str, pid: int) -> dict[str, dic
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     client = httpx.AsyncClient(base_url=url, timeout=600, limits=limits)
     try:
+        probe_s = await health_cpu_s(client, pid)
         sides = {"engine": engine_runner(engine, args.max_tokens),
-                 "server": server_runner(client, args.max_tokens, pid)}  # fmt: skip
+                 "server": server_runner(client, args.max_tokens, pid, probe_s)}  # fmt: skip
         for run in sides.values():
             await run(2, prompts(4, 8))  # warm-up
-        out: dict[str, dict[str, object]] = {}
+        print(f"/health costs the server {probe_s * 1e6:.0f} us of CPU", file=sys.stderr)
+        out: dict[str, dict[str, object]] = {"health_cpu_us": {"value": round(probe_s * 1e6, 1)}}
         for n in args.levels:
             work = prompts(n * args.requests_per_stream, args.prompt_words)
             runs: dict[str, list[Run]] = {"engine": [], "server": []}
