@@ -212,6 +212,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax_l.plot(x, [r["ttft_p95_s"] or float("nan") for r in rows], "s--", label=name)
     for ax, title, unit in ((ax_t, "Output tokens/s", "tokens/s"), (ax_l, "TTFT p95", "s")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(result["levels"], [str(v) for v in result["levels"]])
         ax.set_xlabel("concurrent streams")
         ax.set_ylabel(unit)
         ax.set_title(title)
