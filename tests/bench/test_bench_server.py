@@ -3,125 +3,30 @@ output tokens the bench counts equal the server's own `headrace:generation_token
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import jsonschema
 import pytest
+from api.helpers import make_tiny_llama, start_server, tiny_server_args
 
 from headrace.bench.report import load_schema
 from headrace.bench.scrape import parse_metrics
-from headrace.bench.workloads import WORDS
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("headrace.commands.serve") is None,
-    reason="headrace serve is not written yet",
-)
-HEADRACE = Path(sys.executable).with_name("headrace")
-
-
-def make_tiny_model(path: Path) -> Path:
-    """A 2-layer Llama (hidden 64) with a byte-level BPE tokenizer trained on the bench's words."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator([" ".join(WORDS)] * 5, trainer)
-    path.mkdir(parents=True)
-    tok.save(str(path / "tokenizer.json"))
-    tok_config = {
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }
-    (path / "tokenizer_config.json").write_text(json.dumps(tok_config))
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = tmp_path_factory.mktemp("bench-serve")
-    model = make_tiny_model(base / "tiny")
-    port = free_port()
-    cmd = [
-        str(HEADRACE),
-        "serve",
-        "--model",
-        str(model),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--num-threads",
-        "1",
-    ]
-    log_path = base / "serve.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-        )
-    url = f"http://127.0.0.1:{port}"
+    server = start_server(tiny_server_args(make_tiny_llama(base / "tiny")), base)
     try:
-        deadline = time.monotonic() + 120
-        while not _healthy(url):
-            assert proc.poll() is None, f"serve exited:\n{log_path.read_text()}"
-            assert time.monotonic() < deadline, f"serve not ready:\n{log_path.read_text()}"
-            time.sleep(0.2)
-        yield url
+        server.wait_ready()
+        yield server.url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
+        server.stop()
 
 
 def generated_tokens(url: str) -> float:
