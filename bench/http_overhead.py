@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import httpx
 
+from headrace.bench import BenchError
+from headrace.bench.local import free_port, wait_healthy
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.async_engine import AsyncEngine
 from headrace.request import SamplingParams
@@ -226,9 +227,7 @@ async def probe_health(url: str, done: asyncio.Event, every_s: float = 0.05) -> 
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [
         sys.executable,
         "-m",
@@ -242,18 +241,12 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str
     cmd += engine_flags(args)
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server did not become ready")
+    try:
+        wait_healthy(url, proc)
+    except BenchError as exc:
+        proc.kill()
+        raise SystemExit(str(exc)) from None
+    return proc, url
 
 
 def engine_flags(args: argparse.Namespace) -> list[str]:

@@ -22,7 +22,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,9 @@ from pathlib import Path
 
 import httpx
 
+from headrace.bench import BenchError
 from headrace.bench.client import Target, make_client, send
+from headrace.bench.local import free_port, wait_healthy
 from headrace.bench.stats import RequestResult, Slo, percentile
 from headrace.bench.workloads import Tenant, Workload
 from headrace.gateway.auth import hash_key
@@ -70,9 +71,7 @@ def tenants_yaml(free_deadline: float, batch_deadline: float) -> str:
 def start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     tenants = workdir / "tenants.yaml"
     tenants.write_text(tenants_yaml(args.free_deadline, args.batch_deadline))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [
         sys.executable,
         "-m",
@@ -95,18 +94,12 @@ def start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Po
     log = (workdir / "serve.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited:\n{(workdir / 'serve.log').read_text()}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server not ready in 600 s")
+    try:
+        wait_healthy(url, proc, log=workdir / "serve.log")
+    except BenchError as exc:
+        proc.kill()
+        raise SystemExit(f"{exc}:\n{(workdir / 'serve.log').read_text()}") from None
+    return proc, url
 
 
 def workload(args: argparse.Namespace, tenants: tuple[Tenant, ...], seed: int) -> Workload:

@@ -25,11 +25,9 @@ import contextlib
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +35,10 @@ from typing import Any
 
 import httpx
 
+from headrace.bench import BenchError
 from headrace.bench.client import Target
 from headrace.bench.loadgen import Bounds, LevelRun, run_level
+from headrace.bench.local import free_port, wait_healthy
 from headrace.bench.stats import RequestResult, percentile
 from headrace.bench.workloads import Workload
 
@@ -97,9 +97,7 @@ def workload(args: argparse.Namespace, seed: int) -> Skewed:
 @contextlib.contextmanager
 def server(args: argparse.Namespace, workdir: Path, *flags: str) -> Iterator[str]:
     """`headrace serve` with `flags`, until the block ends; yields its URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "headrace.cli", "serve", "--port", str(port),
            "--max-num-seqs", str(args.max_num_seqs), "--log-level", "warning", *flags,
            *args.server_arg]  # fmt: skip
@@ -110,11 +108,10 @@ def server(args: argparse.Namespace, workdir: Path, *flags: str) -> Iterator[str
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while not _ready(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"server did not start:\n{log_path.read_text()}")
-            time.sleep(0.2)
+        try:
+            wait_healthy(url, proc, log=log_path)
+        except BenchError as exc:
+            raise SystemExit(f"server did not start ({exc}):\n{log_path.read_text()}") from None
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -123,13 +120,6 @@ def server(args: argparse.Namespace, workdir: Path, *flags: str) -> Iterator[str
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def routed(url: str) -> dict[str, int]:

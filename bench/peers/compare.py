@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from headrace.bench import BenchError
 from headrace.bench.client import Target
 from headrace.bench.loadgen import Bounds, run_level
+from headrace.bench.local import free_port, wait_healthy
 from headrace.bench.preflight import preflight
 from headrace.bench.stats import Slo, summarize
 from headrace.bench.workloads import Workload
@@ -49,13 +47,6 @@ class Peer:
     cmd: list[str]
     connection_per_request: bool = False
     start_timeout: float = 600.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def default_gguf() -> str:
@@ -96,20 +87,6 @@ def make_peer(name: str, port: int, args: argparse.Namespace) -> Peer:
         cmd = ["bash", str(HERE / "run_llamacpp.sh"), args.gguf, str(port)]
         return Peer(name, cmd, connection_per_request=True)
     raise SystemExit(f"unknown server {name!r}: use headrace, vllm, llamacpp")
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise BenchError(f"server exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise BenchError(f"server not healthy after {timeout:.0f} s; see {log}")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
