@@ -45,6 +45,10 @@ class GenerateOptions:
     weight: float = 1.0
     timeout_s: float | None = None  # whole request; ends with finish_reason `timeout`
     queue_timeout_s: float | None = None  # not started by then -> `overloaded`
+    # time.monotonic() in the front-end process when the HTTP request arrived: both timeouts
+    # count from here (None: from arrival at the engine). Not meaningful on another machine,
+    # so the wire to a remote replica sends the time left instead.
+    arrival_time: float | None = None
 
 
 class EngineClient(Protocol):
