@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from headrace.api import chat, generate, openai
+from headrace.api.arrival import ArrivalClock
 from headrace.api.errors import install_error_handlers
 from headrace.api.limits import BodySizeLimit
 from headrace.api.state import AppState, app_state
@@ -47,6 +48,7 @@ def build_app(
     app.state.headrace = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(ArrivalClock)  # added last: runs first
     for module in (generate, openai, chat):
         app.include_router(module.router)
     app.include_router(replica_api.router)  # /v1/stats and what a front end routing here uses

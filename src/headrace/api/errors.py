@@ -16,9 +16,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from headrace.api.text import printable
 from headrace.gateway.base import GatewayError
 
 log = logging.getLogger("headrace.api")
+
+DEFAULT_RETRY_AFTER_S = 1
 
 _TYPES_BY_STATUS = {
     400: "invalid_request_error",
@@ -52,6 +55,9 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = dict(headers or {})
+        if status == 503 and not any(k.lower() == "retry-after" for k in self.headers):
+            # Every 503 says when to come back; refusals that know better set their own.
+            self.headers["Retry-After"] = str(DEFAULT_RETRY_AFTER_S)
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
@@ -69,6 +75,9 @@ class APIError(Exception):
 def error_body(
     message: str, type: str, param: str | None = None, code: str | int | None = None
 ) -> dict[str, Any]:
+    # Messages and params may echo client text (a bad JSON key): keep them encodable.
+    message = printable(message)
+    param = None if param is None else printable(param)
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -112,15 +121,35 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def describe_validation_errors(errors: Sequence[Any]) -> tuple[str, str | None]:
-    """One readable sentence for pydantic's error list, and the first offending field."""
+    """One readable sentence for pydantic's error list, and the first offending field.
+
+    A union field (`prompt`: text, token ids, or a list of text) fails once per member; when a
+    value check failed (the value had the right type but not a valid value), only those
+    errors are told, since a type mismatch with the other members says nothing useful.
+    """
+    if any(e.get("type") == "json_invalid" for e in errors):
+        bad = next(e for e in errors if e.get("type") == "json_invalid")
+        return "request body is not valid JSON: " + str(bad.get("msg", "")), None
+    values = [e for e in errors if e.get("type") == "value_error"]
     parts: list[str] = []
     param: str | None = None
-    for err in errors:
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        field = ".".join(loc)
-        if err.get("type") == "json_invalid":
-            return "request body is not valid JSON: " + str(err.get("msg", "")), None
+    for err in values or errors:
+        field = ".".join(_field_path(err.get("loc", ())))
         if param is None and field:
             param = field
-        parts.append(f"{field or 'body'}: {err.get('msg', 'invalid value')}")
+        part = f"{field or 'body'}: {err.get('msg', 'invalid value')}"
+        if part not in parts:
+            parts.append(part)
     return "; ".join(parts) or "invalid request", param
+
+
+def _field_path(loc: Sequence[Any]) -> list[str]:
+    """pydantic's location without `body` and the union-member tags it inserts
+    (`str`, `list[int]`, `function-after[...]`)."""
+    return [
+        str(x) for x in loc
+        if x != "body" and not (isinstance(x, str) and ("[" in x or x in _TYPE_TAGS))
+    ]  # fmt: skip
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})

@@ -11,26 +11,33 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from headrace.api.text import Text
+from headrace.api.unsupported import ChatExtras, CompletionExtras
+
 MAX_TOKENS_LIMIT = 1_000_000  # schema bound; the model's context is the real limit
 SEED_MAX = 2**63 - 1
 
 _STRICT = ConfigDict(strict=True, allow_inf_nan=False)
 
-Stop = Annotated[str, Field(min_length=1, max_length=256)]
+Stop = Annotated[Text, Field(min_length=1, max_length=256)]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
 
 
 class SamplingFields(BaseModel):
     """Settings shared by every generation route."""
 
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 
-    model: str | None = Field(None, description="served model name; default: the first model")
+    model: Text | None = Field(None, description="served model name; default: the first model")
     temperature: float = Field(1.0, ge=0, le=100, description="0 means greedy")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=-1, description="0 or -1 means off")
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stop: Stop | Annotated[list[Stop], Field(max_length=16)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = Field(
+        None, description="token ids that end the output (as vLLM: kept in the text unless special)"
+    )
     ignore_eos: bool = Field(False, description="keep generating past end-of-sequence")
     stream: bool = False
     timeout: float | None = Field(
@@ -39,9 +46,7 @@ class SamplingFields(BaseModel):
 
 
 class GenerateRequest(SamplingFields):
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
-
-    prompt: str = Field(min_length=1)
+    prompt: Text = Field(min_length=1)
     max_tokens: MaxTokens = 16
 
 
@@ -51,11 +56,11 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, CompletionExtras):
     prompt: (
-        str
+        Text
         | Annotated[list[int], Field(min_length=1)]
-        | Annotated[list[str], Field(min_length=1, max_length=1)]
+        | Annotated[list[Text], Field(min_length=1, max_length=1)]
     ) = Field(description="a string, a list of token ids, or a list of one string")
     max_tokens: MaxTokens = 16
     n: int = Field(1, ge=1, le=1, description="only 1 is supported")
@@ -67,15 +72,19 @@ class TextPart(BaseModel):
     model_config = _STRICT
 
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
+    # Replayed histories carry metadata (`refusal`, `annotations`, ...) that does not change
+    # the prompt: ignored, unlike unknown request fields.
     model_config = ConfigDict(strict=True, extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
+    tool_calls: list[Any] | None = Field(None, max_length=0, description="not supported yet")
+    tool_call_id: Text | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -83,7 +92,7 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ChatExtras):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: MaxTokens | None = Field(None, description="default: the rest of the context")
     max_completion_tokens: MaxTokens | None = None

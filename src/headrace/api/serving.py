@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
+from headrace.api.arrival import arrival_time
 from headrace.api.errors import APIError, bad_request
 from headrace.api.schemas import SamplingFields
 from headrace.api.sse import DONE, error_event, wait_for_disconnect
@@ -54,7 +55,7 @@ def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None)
         return SamplingParams(
             max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
             top_k=max(body.top_k, 0), seed=body.seed, stop=stop, ignore_eos=body.ignore_eos,
-            logprobs=logprobs,
+            logprobs=logprobs, stop_token_ids=tuple(body.stop_token_ids or ()),
         )  # fmt: skip
     except ValueError as e:
         raise bad_request(str(e)) from e
@@ -95,13 +96,14 @@ async def admit(
     check_context(len(ids), max_tokens, engine.max_model_len)
     params = sampling_params(body, max_tokens, logprobs)
     admission = state.gateway.admit(tenant, len(ids), max_tokens, model)
+    arrival = arrival_time(request.scope)
     options = GenerateOptions(
         priority=tenant.priority, tenant=tenant.name, weight=tenant.weight,
         timeout_s=body.timeout or state.config.request_timeout_s,
-        queue_timeout_s=tenant.queue_timeout_s,
+        queue_timeout_s=tenant.queue_timeout_s, arrival_time=arrival,
     )  # fmt: skip
     rid = new_request_id(id_prefix)
-    return Job(rid, model, engine, ids, params, options, admission, RequestTimer())
+    return Job(rid, model, engine, ids, params, options, admission, RequestTimer(start=arrival))
 
 
 class RequestRun:

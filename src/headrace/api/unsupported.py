@@ -1,0 +1,119 @@
+"""OpenAI and vLLM request fields that Headrace does not implement yet.
+
+A field a caller sets expects a behaviour; ignoring it would answer 200 with something the
+caller did not ask for. Each such field is accepted only at its "off" value (SDKs and proxies
+send some of them as `null` or as their default) and refused otherwise with a 400 naming it.
+Fields that do not change the output (`user`, `metadata`, `store`, ...) are accepted and
+ignored; any other unknown field is refused by the schema (extra="forbid").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ValidationInfo, field_validator
+
+# field -> the values that mean "not used" (None always does)
+_OFF: dict[str, tuple[Any, ...]] = {
+    "best_of": (1,),
+    "echo": (False,),
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "min_p": (0, 0.0),
+    "min_tokens": (0,),
+    "logit_bias": ({},),
+    "suffix": ("",),
+    "response_format": ({"type": "text"},),
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),
+    "functions": ([],),
+    "function_call": ("none", "auto"),
+    "audio": (),
+    "modalities": (["text"],),
+    "prediction": (),
+    "reasoning_effort": (),
+    "web_search_options": (),
+    "use_beam_search": (False,),
+    "length_penalty": (1, 1.0),
+    "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "structured_outputs": (),
+    "bad_words": ([],),
+    "prompt_logprobs": (),
+    "chat_template": (),
+    "chat_template_kwargs": ({},),
+    "continue_final_message": (False,),
+    "add_generation_prompt": (True,),
+}
+
+
+def _is_off(name: str, value: Any) -> bool:
+    return value is None or any(value == off and type(value) is type(off) for off in _OFF[name])
+
+
+class _Unsupported(BaseModel):
+    """Refuses, naming the field, any of `_OFF`'s fields set to something other than off."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _refuse_if_set(cls, value: Any, info: ValidationInfo) -> Any:
+        name = info.field_name
+        if name in _OFF and not _is_off(name, value):
+            raise ValueError(f"`{name}` is not supported by this server yet; leave it out or null")
+        return value
+
+
+class _Common(_Unsupported):
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    repetition_penalty: Any = None
+    min_p: Any = None
+    min_tokens: Any = None
+    logit_bias: Any = None
+    response_format: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    include_stop_str_in_output: Any = None
+    skip_special_tokens: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    bad_words: Any = None
+    # Accepted and ignored: they label or route a request, they do not change its output.
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
+
+
+class CompletionExtras(_Common):
+    best_of: Any = None
+    echo: Any = None
+    suffix: Any = None
+    prompt_logprobs: Any = None
+
+
+class ChatExtras(_Common):
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None  # meaningless without tools: ignored
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
+    continue_final_message: Any = None
+    add_generation_prompt: Any = None
