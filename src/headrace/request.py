@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
+
+GREEDY_BELOW_TEMPERATURE = 1e-5  # a smaller temperature samples greedily
+_MAX_INT = (1 << 31) - 1  # counts (max_tokens, top_k, token ids) fit an int32
 
 
 class FinishReason(enum.StrEnum):
@@ -54,7 +58,7 @@ class SamplingParams:
     """Per-request sampling settings; requests with different settings share a step."""
 
     max_tokens: int = 16
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # below GREEDY_BELOW_TEMPERATURE (0 included): greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 means off
     seed: int | None = None
@@ -64,20 +68,50 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives to return per token; 0 = chosen only
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        self.validate()
+
+    def validate(self) -> None:
+        """ValueError unless every field has its type and range (NaN and inf included), so
+        that nothing poisoned reaches a core; the core calls it again on an unpickled copy."""
+        _check_int("max_tokens", self.max_tokens, 1, _MAX_INT)
+        _check_real("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        _check_real("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        _check_int("top_k", self.top_k, 0, _MAX_INT)
+        if self.seed is not None:
+            _check_int("seed", self.seed, -(1 << 63), (1 << 64) - 1)
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must be a tuple of strings, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, tuple):
+            raise ValueError(f"stop_token_ids must be a tuple, got {self.stop_token_ids!r}")
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t, 0, _MAX_INT)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, 20)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # As vLLM: dividing logits by a tiny temperature overflows to inf and NaN.
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
+
+
+def _check_int(name: str, value: object, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+
+
+def _check_real(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
 
 
 @dataclass

@@ -109,11 +109,12 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(args: list[str], log_dir: Path) -> Server:
+def start_server(args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Server:
+    """`env` adds to (or overrides) this process's environment for the server."""
     port = free_port()
     log_path = log_dir / f"serve-{port}.log"
     cmd = [sys.executable, "-m", "headrace.cli", "serve", "--port", str(port), *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     return Server(proc, f"http://127.0.0.1:{port}", log_path)

@@ -130,7 +130,7 @@ def make_request(
     )
 
 
-_OPTION_FIELDS = ("priority", "tenant", "weight", "timeout_s", "queue_timeout_s")
+_OPTION_FIELDS = ("priority", "tenant", "weight", "timeout_s", "queue_timeout_s", "arrival_time")
 
 
 def make_prompt(seed: int, length: int) -> list[int]:

@@ -186,3 +186,30 @@ def test_a_core_that_cannot_load_its_model_fails_start_with_the_reason(tmp_path)
             await AsyncEngine.start(ModelConfig(model=str(tmp_path / "missing")), in_process=True)
 
     asyncio.run(main())
+
+
+def test_deadlines_count_from_the_http_arrival_and_bad_options_are_refused(
+    fake_runner, fake_tokenizer
+):
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+
+    async def main():
+        engine, _ = await _start(fake_runner, fake_tokenizer)
+        try:
+            # Arrived 10 s ago, with 5 s to start: past its deadline before the core sees it.
+            stale = GenerateOptions(queue_timeout_s=5.0, arrival_time=time.monotonic() - 10)
+            late = await _collect(engine, "late", "Hello", params, stale)
+            fresh = GenerateOptions(queue_timeout_s=5.0, arrival_time=time.monotonic())
+            ok = await _collect(engine, "ok", "Hello", params, fresh)
+            bad = GenerateOptions()
+            object.__setattr__(bad, "weight", 0.0)  # past any check GenerateOptions makes
+            with pytest.raises(ValueError, match="weight"):
+                await _collect(engine, "w0", "Hello", params, bad)
+            return late, ok, engine.num_open_requests
+        finally:
+            await engine.close()
+
+    late, ok, num_open = asyncio.run(main())
+    assert late[-1].finish_reason is FinishReason.OVERLOADED
+    assert ok[-1].finish_reason is FinishReason.LENGTH
+    assert num_open == 0  # the refused request left nothing behind

@@ -134,3 +134,30 @@ def test_step_stats_report_load(fake_engine, make_prompt):
     assert s.step_duration > 0
     engine.run()
     assert engine.stats[-1].kv_usage == 0.0
+
+
+def test_deadlines_count_from_the_front_ends_arrival_time(fake_engine, make_prompt):
+    engine = fake_engine(max_num_seqs=1)
+    engine.now = 100.0
+    engine.add("blocker", make_prompt(1, 4), max_tokens=200, ignore_eos=True)
+    engine.step()  # the blocker holds the only seat
+    # Arrived at the HTTP server 1 s before the core saw it: its 1.5 s run out at 100.5.
+    engine.add("late", make_prompt(2, 4), max_tokens=5, queue_timeout_s=1.5, arrival_time=99.0)
+    engine.add("whole", make_prompt(3, 4), max_tokens=5, timeout_s=1.2, arrival_time=99.0)
+    engine.add("core-clock", make_prompt(4, 4), max_tokens=5, queue_timeout_s=1.5)
+    req = engine.core.scheduler.requests["late"]
+    assert req.arrival_time == 99.0 and req.queue_deadline == 100.5
+    engine.now = 100.2
+    engine.step()
+    assert "whole" in engine.finished and "late" not in engine.finished
+    assert engine.finished["whole"].finish_reason is FinishReason.TIMEOUT  # 99.0 + 1.2
+    engine.now = 100.5
+    engine.step()
+    assert engine.finished["late"].finish_reason is FinishReason.OVERLOADED
+    assert "core-clock" not in engine.finished  # counts from 100.001: until 101.501
+    engine.now = 101.6
+    engine.step()
+    assert engine.finished["core-clock"].finish_reason is FinishReason.OVERLOADED
+    # A stamp later than the core's clock (clocks that disagree) counts from now instead.
+    engine.add("future", make_prompt(5, 4), max_tokens=5, arrival_time=1e9, timeout_s=3.0)
+    assert engine.core.scheduler.requests["future"].deadline == engine.now + 3.0

@@ -101,3 +101,20 @@ def test_seeded_uniform_is_fixed() -> None:
     assert seeded_uniform(1, 2) == seeded_uniform(1, 2)
     assert seeded_uniform(1, 2) != seeded_uniform(1, 3)
     assert all(0 <= seeded_uniform(s, 0) < 1 for s in range(100))
+
+
+def test_a_tiny_temperature_is_greedy_and_never_divides_by_it() -> None:
+    logits = _logits(4, seed=6)
+    argmax = logits.argmax(-1).tolist()
+    for t in (1e-40, 5e-324, 1e-6, 9.9e-6):
+        assert SamplingParams(temperature=t).greedy
+        for step in range(5):
+            reqs = [_req(str(i), step, temperature=t) for i in range(4)]
+            assert Sampler()(logits, reqs)[0] == argmax
+    # Just above the threshold the draw is still a valid, near-certain token.
+    assert not SamplingParams(temperature=1e-5).greedy
+    assert Sampler(seed=0)(logits, [_req("r", 0, temperature=1e-5)])[0] == argmax[:1]
+    # Mixed with greedy rows, as a batch is.
+    mixed = [_req("a", temperature=1e-40), _req("b", seed=3, temperature=1e-5), _req("c")]
+    tokens, _ = Sampler(seed=0)(logits[:3], mixed)
+    assert tokens[:2] == argmax[:2] and 0 <= tokens[2] < VOCAB

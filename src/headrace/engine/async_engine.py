@@ -169,7 +169,8 @@ class AsyncEngine:
     ) -> AsyncIterator[GenerationChunk]:
         """Stream one request's chunks; the last has a `finish_reason`.
 
-        Raises ValueError before yielding if the request can never fit or its id is in use.
+        Raises ValueError before yielding if the request can never fit, its id is in use or
+        an option is out of range (e.g. a weight of 0).
         """
         info = self._require_info()
         ids = self._encode(prompt)
@@ -180,24 +181,25 @@ class AsyncEngine:
             core_id=f"{request_id}#{next(self._ids)}",  # unique even if the caller reuses ids
             text=RequestTextStream(request_id, info.tokenizer, ids, params),
         )
+        opts = options or GenerateOptions()
+        core_request = EngineCoreRequest(
+            request_id=stream.core_id,
+            prompt_token_ids=ids,
+            params=params,
+            priority=opts.priority,
+            tenant=opts.tenant,
+            weight=opts.weight,
+            timeout_s=opts.timeout_s,
+            queue_timeout_s=opts.queue_timeout_s,
+            arrival_time=opts.arrival_time,
+        )
+        core_request.validate()  # a bad option is the caller's error here, not the core's
         if not self.is_healthy:
             yield stream.text.fail(self._dead or "the engine is shut down")
             return
-        opts = options or GenerateOptions()
         self._streams[request_id] = stream
         self._by_core_id[stream.core_id] = request_id
-        self._conn.send(
-            EngineCoreRequest(
-                request_id=stream.core_id,
-                prompt_token_ids=ids,
-                params=params,
-                priority=opts.priority,
-                tenant=opts.tenant,
-                weight=opts.weight,
-                timeout_s=opts.timeout_s,
-                queue_timeout_s=opts.queue_timeout_s,
-            )
-        )
+        self._conn.send(core_request)
         try:
             while True:
                 chunk = await stream.chunks.get()

@@ -6,6 +6,7 @@ request; closing or cancelling the iterator (client gone) aborts the request too
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -49,6 +50,28 @@ class GenerateOptions:
     # count from here (None: from arrival at the engine). Not meaningful on another machine,
     # so the wire to a remote replica sends the time left instead.
     arrival_time: float | None = None
+
+    def __post_init__(self) -> None:
+        # Checked here, not only at the HTTP edge: a weight of 0 or a NaN deadline would
+        # otherwise reach the engine core's fair queue and scheduler and bring the core down.
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise ValueError(f"priority must be an integer, got {self.priority!r}")
+        if not isinstance(self.tenant, str):
+            raise ValueError(f"tenant must be a string, got {self.tenant!r}")
+        if not _finite(self.weight) or self.weight <= 0:
+            raise ValueError(f"weight must be a finite number > 0, got {self.weight!r}")
+        for name in ("timeout_s", "queue_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and (not _finite(value) or value <= 0):
+                raise ValueError(f"{name} must be a finite number > 0 or None, got {value!r}")
+        if self.arrival_time is not None and not _finite(self.arrival_time):
+            raise ValueError(
+                f"arrival_time must be a finite number or None, got {self.arrival_time!r}"
+            )
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class EngineClient(Protocol):

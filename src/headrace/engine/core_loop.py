@@ -134,13 +134,20 @@ def run_core_loop(
 
 
 def _handle(core: EngineCore, msg: object) -> None:
+    """One message; whatever it raises ends that request (or is logged), never the loop."""
     if isinstance(msg, EngineCoreRequest):
         try:
             core.add_request(msg)
-        except ValueError as e:
-            core.scheduler.emit(RequestOutput(msg.request_id, [], FinishReason.ERROR, error=str(e)))
+        except Exception as e:
+            if not isinstance(e, ValueError):  # a refusal is expected; anything else is a bug
+                log.exception("adding request %s failed", msg.request_id)
+            error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+            core.scheduler.emit(RequestOutput(msg.request_id, [], FinishReason.ERROR, error=error))
     elif isinstance(msg, AbortRequests):
         for rid in msg.request_ids:
-            core.abort_request(rid)
+            try:
+                core.abort_request(rid)
+            except Exception:
+                log.exception("aborting request %s failed", rid)
     else:
         log.warning("engine core ignores an unknown message %r", type(msg).__name__)

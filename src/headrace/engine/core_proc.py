@@ -42,6 +42,9 @@ def core_process_main(
 ) -> None:
     """Entry point of the core process: load the model, report ready, serve until told."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when we stop
+    if spec.model_config.engine_nice:
+        # Model steps can take every core; a refusal or /health must not wait behind them.
+        os.nice(spec.model_config.engine_nice)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s core %(levelname)s: %(message)s")
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
@@ -57,7 +60,11 @@ def core_process_main(
         if inbox.poll(int(timeout * 1000)):
             with contextlib.suppress(zmq.Again):
                 while True:
-                    msgs.append(pickle.loads(inbox.recv(zmq.NOBLOCK)))
+                    data = inbox.recv(zmq.NOBLOCK)
+                    try:
+                        msgs.append(pickle.loads(data))
+                    except Exception:  # one unreadable message must not end the core
+                        log.exception("engine core got an unreadable message")
         return msgs
 
     try:

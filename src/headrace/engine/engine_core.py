@@ -1,13 +1,15 @@
 """The engine core: a scheduler and a model runner, stepped one model step at a time.
 
 A step is three calls — `schedule()`, `runner.execute(out)`, `update(out, result)`. An
-exception inside `execute` fails that step's requests with `error` and the core keeps serving
-the others.
+exception never ends the core: one inside `execute` is narrowed down to the request that causes
+it (`step_retry`), which ends with `error` while the rest of the batch gets its tokens; one in
+scheduling or updating fails the requests involved.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.block_manager import BlockManager
 from headrace.engine.outputs import RequestOutput, RunnerOutput, SchedulerOutput, StepStats
 from headrace.engine.scheduler import Scheduler
+from headrace.engine.step_retry import execute_isolating_failures
 from headrace.engine.waiting_queue import WaitingQueue
 from headrace.request import Request, SamplingParams
 
@@ -51,8 +54,37 @@ class EngineCoreRequest:
     priority: int = 1
     tenant: str = "default"
     weight: float = 1.0
-    timeout_s: float | None = None  # whole request, from arrival at the core
+    timeout_s: float | None = None  # whole request, from arrival_time
     queue_timeout_s: float | None = None  # not started by then -> `overloaded`
+    # time.monotonic() when the request reached the front end (CLOCK_MONOTONIC is system-wide,
+    # so it holds in a core process on the same machine); None: arrival at the core.
+    arrival_time: float | None = None
+
+    def validate(self) -> None:
+        """ValueError for a field of the wrong type or range. An unpickled copy skipped its
+        checks, so the core calls this before a field can reach the scheduler's arithmetic."""
+        if not isinstance(self.request_id, str) or not isinstance(self.tenant, str):
+            raise ValueError("request_id and tenant must be strings")
+        ids = self.prompt_token_ids
+        if not isinstance(ids, list | tuple) or not all(type(t) is int and t >= 0 for t in ids):
+            raise ValueError("prompt_token_ids must be a list of non-negative integers")
+        if not isinstance(self.params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(self.params).__name__}")
+        self.params.validate()
+        if type(self.priority) is not int:
+            raise ValueError(f"priority must be an integer, got {self.priority!r}")
+        if not _finite(self.weight) or self.weight <= 0:
+            raise ValueError(f"weight must be a finite number > 0, got {self.weight!r}")
+        for name in ("timeout_s", "queue_timeout_s", "arrival_time"):
+            value = getattr(self, name)
+            if value is not None and not (
+                _finite(value) and (name == "arrival_time" or value >= 0)
+            ):
+                raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class EngineCore:
@@ -92,7 +124,11 @@ class EngineCore:
 
     def add_request(self, r: EngineCoreRequest) -> None:
         """Queue a request; ValueError (stating the limits) if it could never run."""
+        r.validate()
         now = self.clock()
+        # Deadlines count from the HTTP arrival when the front end stamped it (never later
+        # than now, should the clocks disagree).
+        start = now if r.arrival_time is None else min(r.arrival_time, now)
         self.scheduler.add_request(
             Request(
                 request_id=r.request_id,
@@ -102,9 +138,9 @@ class EngineCore:
                 priority=r.priority,
                 tenant=r.tenant,
                 weight=r.weight,
-                arrival_time=now,
-                deadline=None if r.timeout_s is None else now + r.timeout_s,
-                queue_deadline=None if r.queue_timeout_s is None else now + r.queue_timeout_s,
+                arrival_time=start,
+                deadline=None if r.timeout_s is None else start + r.timeout_s,
+                queue_deadline=None if r.queue_timeout_s is None else start + r.queue_timeout_s,
             )
         )
 
@@ -117,15 +153,42 @@ class EngineCore:
 
     def step(self) -> tuple[list[RequestOutput], StepStats]:
         start = time.perf_counter()
-        out = self.scheduler.schedule()
+        out = self._schedule()
         result = RunnerOutput(sampled={})
         if not out.is_empty:
-            try:
-                result = self.runner.execute(out)
-            except Exception as e:  # a failed step must not take the other requests down
-                log.exception("model step failed; failing its %d requests", len(out.scheduled))
-                self.scheduler.fail(out, f"model step failed: {type(e).__name__}: {e}")
-        outputs = self.scheduler.update(out, result)
+            result = execute_isolating_failures(self.runner.execute, out, self._fail_culprit)
+        outputs = self._update(out, result)
         self.last_stats = self.scheduler.stats(out, time.perf_counter() - start)
         self.last_step_scheduled = not out.is_empty
         return outputs, self.last_stats
+
+    # -- a step that breaks down fails the requests involved, never the core ---------------
+
+    def _schedule(self) -> SchedulerOutput:
+        try:
+            return self.scheduler.schedule()
+        except Exception as e:
+            log.exception("scheduling a step failed; failing the requests it was placing")
+            sched = self.scheduler
+            # Running requests may hold blocks for tokens that will never be computed. With
+            # none running, the cause is among the waiting: fail them rather than loop on it.
+            involved = [r.request_id for r in sched.running] or list(sched.requests)
+            sched.fail(involved, f"engine error while scheduling: {_describe(e)}")
+            return SchedulerOutput(scheduled=[])
+
+    def _fail_culprit(self, request_id: str, e: Exception) -> None:
+        log.error("model step failed on request %s", request_id, exc_info=e)
+        self.scheduler.fail([request_id], f"model step failed: {_describe(e)}")
+
+    def _update(self, out: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
+        try:
+            return self.scheduler.update(out, result)
+        except Exception as e:
+            log.exception("updating a step's requests failed; failing them")
+            error = f"engine error while updating: {_describe(e)}"
+            self.scheduler.fail((s.request_id for s in out.scheduled), error)
+            return self.scheduler.take_outputs()
+
+
+def _describe(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from headrace.models.base import CausalLM
 from headrace.models.registry import architecture_of
 
 log = logging.getLogger(__name__)
+# Fault injection for tests: a step that computes this token id raises (unset: no effect).
+POISON_TOKEN_ENV = "HEADRACE_FAULT_POISON_TOKEN"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -49,6 +52,16 @@ def generation_eos_ids(model_dir: Path) -> tuple[int, ...]:
         return ()
     eos = read_json(path, "generation config").get("eos_token_id")
     return () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
+
+
+def _poison_token_from_env() -> int | None:
+    raw = os.environ.get(POISON_TOKEN_ENV, "").strip()
+    if not raw:
+        return None
+    log.warning(
+        "%s=%s: steps computing token %s will fail (a testing aid)", POISON_TOKEN_ENV, raw, raw
+    )
+    return int(raw)
 
 
 class ModelRunner:
@@ -114,6 +127,7 @@ class ModelRunner:
         eos = model.args.eos_token_ids + extra_eos + tokenizer.eos_token_ids
         self.eos_token_ids = tuple(dict.fromkeys(i for i in eos if 0 <= i < self.vocab_size))
         self.sampler = Sampler()
+        self.poison_token = _poison_token_from_env()
         log.info(
             "runner ready: %s, %d KV blocks of %d tokens (%.2f GiB), max_model_len %d",
             model_name,
@@ -127,6 +141,8 @@ class ModelRunner:
         if out.is_empty:
             return RunnerOutput(sampled={})
         self._validate(out)
+        if self.poison_token is not None:
+            self._inject_fault(out, self.poison_token)
         self.kv_cache.prepare(b for req in out.scheduled for b in req.block_ids)
         inputs = build_step_inputs(
             out.scheduled, self.block_size, self.model.args.windows, self.device, self.dtype
@@ -161,6 +177,14 @@ class ModelRunner:
                 )
             if any(not 0 <= b < self.num_kv_blocks for b in req.block_ids):
                 raise ValueError(f"request {req.request_id}: block id outside the KV pool")
+
+    @staticmethod
+    def _inject_fault(out: SchedulerOutput, token: int) -> None:
+        for req in out.scheduled:
+            if token in req.token_ids:
+                raise RuntimeError(
+                    f"{POISON_TOKEN_ENV}: request {req.request_id} has token {token}"
+                )
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from headrace.engine.outputs import ScheduledRequest, TokenLogprobs
+from headrace.request import GREEDY_BELOW_TEMPERATURE
 
 
 def seeded_uniform(seed: int, step: int) -> float:
@@ -48,8 +49,9 @@ class Sampler:
     def _draw(self, logits: torch.Tensor, reqs: list[ScheduledRequest]) -> torch.Tensor:
         """logits [R, V] -> token ids [R]."""
         device = logits.device
-        temps = torch.tensor([r.params.temperature for r in reqs], device=device)
-        x = logits / temps[:, None]
+        # Greedy requests never come here; the floor keeps a division by ~0 out regardless.
+        temps = [max(r.params.temperature, GREEDY_BELOW_TEMPERATURE) for r in reqs]
+        x = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
         x = _top_k(x, [r.params.top_k for r in reqs])
         x = _top_p(x, [r.params.top_p for r in reqs])
         probs = torch.softmax(x, dim=-1)  # [R, V]

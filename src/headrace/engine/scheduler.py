@@ -8,8 +8,9 @@ preempts the lowest-ranked running request, which is recomputed later; it is nev
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from headrace.config import SchedulerConfig
 from headrace.engine.admission import make_admission
@@ -29,6 +30,8 @@ from headrace.engine.step_stats import collect_stats
 from headrace.engine.stop_checker import check_stop
 from headrace.engine.waiting_queue import WaitingQueue
 from headrace.request import Request, RequestStatus
+
+log = logging.getLogger(__name__)
 
 # Admission keeps this share of the pool free so that running requests can grow a block
 # without preempting a request that was admitted a step earlier.
@@ -86,8 +89,8 @@ class Scheduler:
             self.blocks.capacity_tokens,
         )
         req.status = RequestStatus.WAITING
+        self.queue.add(req)  # first: if it raises, the request is nowhere
         self.requests[req.request_id] = req
-        self.queue.add(req)
 
     def abort_request(self, request_id: str) -> bool:
         req = self.requests.get(request_id)
@@ -101,13 +104,18 @@ class Scheduler:
         """Report `output` with the next step (e.g. for a request refused at the door)."""
         self._pending.append(output)
 
-    def fail(self, out: SchedulerOutput, error: str) -> None:
-        """The step failed: its requests end with `error`; the others keep going."""
-        for s in out.scheduled:
-            req = self.requests.get(s.request_id)
+    def fail(self, request_ids: Iterable[str], error: str) -> None:
+        """End these requests with `error` (unknown or finished ids are skipped)."""
+        for rid in list(request_ids):
+            req = self.requests.get(rid)
             if req is not None:
                 self._finish(req, RequestStatus.FINISHED_ERROR)
                 self._pending.append(self._output(req, [], error=error))
+
+    def take_outputs(self) -> list[RequestOutput]:
+        """The outputs that finished outside a step, now (after a step that broke down)."""
+        outputs, self._pending = self._pending, []
+        return outputs
 
     def has_work(self) -> bool:
         return bool(self.requests) or bool(self._pending)
@@ -138,29 +146,35 @@ class Scheduler:
         return self._build_output(plan, now)
 
     def update(self, out: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
-        outputs, self._pending = self._pending, []
         self.num_tokens_total += out.num_batched_tokens
         for s in out.scheduled:
             req = self.requests.get(s.request_id)
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue
-            req.num_computed_tokens = s.start_pos + len(s.token_ids)
-            if not s.sample:
-                continue
-            token = result.sampled.get(s.request_id)
-            if token is None:
-                self._finish(req, RequestStatus.FINISHED_ERROR)
-                outputs.append(self._output(req, [], error="the model runner sampled no token"))
-                continue
-            req.output_token_ids.append(token)
-            if req.first_token_time is None:
-                req.first_token_time = self.clock()
-            status = check_stop(req, token, self.max_model_len)
-            if status is not None:
-                self._finish(req, status)
-            lp = result.logprobs.get(s.request_id)
-            outputs.append(self._output(req, [token], logprobs=[lp] if lp else []))
-        return outputs
+            try:
+                self._update_one(req, s, result)
+            except Exception as e:  # one request's bad output must not end the others
+                log.exception("updating request %s failed", s.request_id)
+                self.fail([s.request_id], f"engine error: {type(e).__name__}: {e}")
+        return self.take_outputs()
+
+    def _update_one(self, req: Request, s: ScheduledRequest, result: RunnerOutput) -> None:
+        req.num_computed_tokens = s.start_pos + len(s.token_ids)
+        if not s.sample:
+            return
+        token = result.sampled.get(s.request_id)
+        if token is None:
+            self._finish(req, RequestStatus.FINISHED_ERROR)
+            self._pending.append(self._output(req, [], error="the model runner sampled no token"))
+            return
+        req.output_token_ids.append(token)
+        if req.first_token_time is None:
+            req.first_token_time = self.clock()
+        status = check_stop(req, token, self.max_model_len)
+        if status is not None:
+            self._finish(req, status)
+        lp = result.logprobs.get(s.request_id)
+        self._pending.append(self._output(req, [token], logprobs=[lp] if lp else []))
 
     # -- scheduling helpers -------------------------------------------------------------
 
