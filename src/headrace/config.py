@@ -24,6 +24,11 @@ class ModelConfig:
     device: str = _f("auto", "cpu | cuda | auto")
     max_model_len: int | None = _f(None, "cap on prompt + output tokens (default: model's)")
     num_threads: int | None = _f(None, "torch CPU threads (default: torch's choice)")
+    engine_nice: int = _f(
+        5,
+        "niceness added to engine-core processes, so that the HTTP front end (refusals, "
+        "/health, streaming) keeps precedence when they share cores; 0 to keep them equal",
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -32,6 +37,8 @@ class ModelConfig:
             raise ValueError(f"unknown device {self.device!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be positive")
+        if not 0 <= self.engine_nice <= 19:
+            raise ValueError("engine_nice must be in 0..19")
 
 
 @dataclass(frozen=True)
@@ -71,25 +78,45 @@ class ServerConfig:
     port: int = _f(8000, "port to bind")
     request_timeout_s: float = _f(600.0, "default per-request timeout, seconds")
     max_body_bytes: int = _f(1_000_000, "largest request body accepted")
+    max_header_bytes: int = _f(16_384, "largest request line + headers accepted; more get 431")
+    header_timeout_s: float = _f(30.0, "a request's line and headers must arrive within this, s")
+    body_timeout_s: float = _f(60.0, "a request's body must arrive within this after its head, s")
+    max_connections: int = _f(1000, "most open client connections; more get 503 with Retry-After")
     log_level: str = _f("info", "debug | info | warning | error")
+
+    def __post_init__(self) -> None:
+        if min(self.max_body_bytes, self.max_header_bytes, self.max_connections) < 1:
+            raise ValueError("body and header sizes and max_connections must be positive")
+        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("header_timeout_s and body_timeout_s must be positive")
 
 
 @dataclass(frozen=True)
 class GatewayConfig:
     tenants: str | None = _f(None, "tenants file (.yaml or .toml): API keys, tiers, limits")
     max_queued_requests: int | None = _f(
-        None, "most requests waiting to start at a priority and above; more get 503"
+        None, "most requests waiting at a priority and above; then 503 for a tenant at its share"
     )
     max_queued_tokens: int | None = _f(
-        None, "most tokens (prompt + max_tokens) waiting to start; more get 503"
+        None, "most tokens (prompt + max_tokens) waiting; then 503 for a tenant at its share"
     )
-    admin_key: str | None = _f(None, "key that /metrics requires (or admin_key_sha256 in tenants)")
+    admin_key: str | None = _f(
+        None, "key that /metrics, /v1/stats and /v1/replica/* require (or admin_key_sha256)"
+    )
+    replica_api: bool = _f(
+        False, "without --tenants or an admin key: serve /v1/replica/* (to anyone) anyway"
+    )
+    queue_timeout_s: float = _f(
+        60.0, "queue deadline (s from HTTP arrival) where the tenant or tier sets none; then 503"
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_queued_requests", "max_queued_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be positive")
+        if not self.queue_timeout_s > 0:
+            raise ValueError("queue_timeout_s must be positive")
 
 
 @dataclass(frozen=True)
@@ -106,6 +133,9 @@ class RouterConfig:
         30.0, "a replica that reports nothing for this long is killed and restarted"
     )
     replica_api_key: str | None = _f(None, "key sent to --replica-url servers (their admin key)")
+    replica_read_timeout_s: float = _f(
+        30.0, "a --replica-url stream silent this long (keep-alives every 2 s) fails, seconds"
+    )
 
     def __post_init__(self) -> None:
         if self.replicas < 0 or self.long_replicas < 0:
@@ -120,6 +150,8 @@ class RouterConfig:
             raise ValueError("restart backoff must be positive, its maximum at least the first")
         if self.replica_stall_timeout_s <= 0:
             raise ValueError("replica_stall_timeout_s must be positive")
+        if not self.replica_read_timeout_s > 0:
+            raise ValueError("replica_read_timeout_s must be positive")
 
 
 C = TypeVar("C")

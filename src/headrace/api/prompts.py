@@ -10,10 +10,14 @@ from typing import Any, TypeVar
 import jinja2
 
 from headrace.api.errors import bad_request
+from headrace.api.schemas import MAX_CHAT_MESSAGES
 
 T = TypeVar("T")
 
 INLINE_CHARS = 4096  # shorter prompts tokenize in well under a millisecond: not worth a thread
+# a message costs the template's markup around it (turn markers: 30-60 characters) and a turn of
+# the template's loop, even when its content is empty
+MESSAGE_CHARS = 64
 
 
 async def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -30,8 +34,14 @@ def check_token_ids(tokenizer: Any, ids: Sequence[int]) -> list[int]:
 
 
 async def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """The conversation rendered with the model's chat template, ready for the assistant."""
-    size = sum(len(m["content"]) for m in messages)
+    """The conversation rendered with the model's chat template, ready for the assistant.
+    Large conversations render in a thread; the body size limit bounds that work."""
+    if len(messages) > MAX_CHAT_MESSAGES:
+        raise bad_request(
+            f"messages has {len(messages)} entries; at most {MAX_CHAT_MESSAGES} are accepted",
+            "messages",
+        )
+    size = sum(len(m["content"]) + MESSAGE_CHARS for m in messages)
     ids: list[int] = await _maybe_in_thread(size, _render_and_encode, tokenizer, messages)
     return ids
 

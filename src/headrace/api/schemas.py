@@ -15,6 +15,7 @@ from headrace.api.text import Text
 from headrace.api.unsupported import ChatExtras, CompletionExtras
 
 MAX_TOKENS_LIMIT = 1_000_000  # schema bound; the model's context is the real limit
+MAX_CHAT_MESSAGES = 2048  # as OpenAI: a longer conversation is a flood, not a chat
 SEED_MAX = 2**63 - 1
 
 _STRICT = ConfigDict(strict=True, allow_inf_nan=False)
@@ -93,7 +94,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields, ChatExtras):
-    messages: list[ChatMessage] = Field(min_length=1)
+    # Bounded here so that validation stops early instead of walking a 20,000-message flood.
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES)
     max_tokens: MaxTokens | None = Field(None, description="default: the rest of the context")
     max_completion_tokens: MaxTokens | None = None
     n: int = Field(1, ge=1, le=1, description="only 1 is supported")

@@ -1,0 +1,211 @@
+"""uvicorn's h11 protocol with the limits of a server facing the open network: a deadline for a
+request's line and headers and another for its body (a client that sends half a request and
+stops is dropped, not held forever), a header size limit answered with 431, and a cap on open
+connections answered with 503 and Retry-After. Errors are JSON in OpenAI's shape, and a
+connection closed on an error while the client is still sending lingers (half-closed, its input
+drained) for a moment, so the client reads the answer instead of a reset.
+
+Parsing stays h11's; this adds a timer per connection and swaps the ASGI app a connection
+sees. `uvicorn_options(limits)` is what `uvicorn.Config` takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
+
+import h11
+from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
+
+from headrace.api.limits import HeaderSizeLimit, Refusal, error_response, header_too_large
+from headrace.config import ServerConfig
+
+log = logging.getLogger("headrace.api")
+
+RETRY_AFTER_S = 1  # connections free up quickly: keep-alive and request deadlines bound them
+LINGER_S = 1.0  # Go's server waits 0.5 s after its FIN; draining meanwhile, we may end sooner
+_FDS_BESIDE_CONNECTIONS = 256  # engine pipes, model files, logs
+
+
+@dataclass(frozen=True)
+class FrontDoorLimits:
+    max_header_bytes: int
+    header_timeout_s: float
+    body_timeout_s: float
+    max_connections: int
+
+    @classmethod
+    def from_config(cls, config: ServerConfig) -> FrontDoorLimits:
+        return cls(
+            config.max_header_bytes, config.header_timeout_s, config.body_timeout_s,
+            config.max_connections,
+        )  # fmt: skip
+
+
+def uvicorn_options(limits: FrontDoorLimits) -> dict[str, Any]:
+    """The `uvicorn.Config` arguments that put these limits in place."""
+
+    class Protocol(FrontDoorProtocol):
+        front_door = limits
+
+    # h11 refuses a header still incomplete past this size; a whole one is HeaderSizeLimit's
+    return {"http": Protocol, "h11_max_incomplete_event_size": limits.max_header_bytes}
+
+
+class FrontDoorProtocol(H11Protocol):
+    front_door: ClassVar[FrontDoorLimits]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.app = HeaderSizeLimit(self.app, self.front_door.max_header_bytes)
+        self.refused = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._phase: str | None = None  # "headers" or "body": what the timer waits for
+        self.lingering = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.raw_transport = transport
+        super().connection_made(cast(asyncio.Transport, _LingeringClose(transport, self)))
+        cap = self.front_door.max_connections
+        if self._admitted() > cap:  # answered once its request is read: a reply, not a reset
+            log.warning("refusing a connection: %d open, the limit is %d", self._admitted(), cap)
+            self.refused = True
+            message = f"the server has too many open connections (limit {cap}); retry later"
+            retry = [(b"retry-after", str(RETRY_AFTER_S).encode())]
+            self.app = Refusal(503, message, "overloaded_error", retry)
+        self._start("headers")
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return  # the rest of a request already answered
+        if self._timer is None and self.conn.their_state is h11.IDLE:
+            self._start("headers")  # the next request on a kept-alive connection begins
+        super().data_received(data)
+        self._follow()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow()  # a pipelined request may be halfway through its body
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """h11 refused the bytes: a header past the size limit is a 431, the rest a 400."""
+        limit = self.front_door.max_header_bytes
+        if len(self.conn.trailing_data[0]) > limit:
+            self._send_error(431, header_too_large(limit))
+        else:
+            self._send_error(400, "invalid HTTP request")
+
+    def close(self) -> None:
+        """Close now, or linger if the client may still be sending what we did not read."""
+        raw = self.raw_transport
+        if self.lingering or raw.is_closing():
+            return
+        state = self.conn.their_state
+        unread = state in (h11.SEND_BODY, h11.ERROR) or bool(self.conn.trailing_data[0])
+        if not unread or not raw.can_write_eof():
+            raw.close()
+            return
+        self.lingering = True
+        raw.write_eof()  # FIN after the answer; its EOF back (eof_received) closes us early
+        raw.resume_reading()
+        self._stop()
+        self._timer = self.loop.call_later(LINGER_S, raw.close)
+
+    def _admitted(self) -> int:
+        return sum(
+            1 for c in self.connections if isinstance(c, FrontDoorProtocol) and not c.refused
+        )
+
+    def _follow(self) -> None:
+        """Keep the timer in step with h11's view of the client's request."""
+        if self.lingering:
+            return  # the linger timer ends this connection
+        state = self.conn.their_state
+        if state is h11.SEND_BODY and self._phase != "body":
+            self._start("body")
+        elif state not in (h11.IDLE, h11.SEND_BODY):
+            self._stop()
+
+    def _start(self, phase: str) -> None:
+        self._stop()
+        limits = self.front_door
+        timeout = limits.header_timeout_s if phase == "headers" else limits.body_timeout_s
+        self._phase = phase
+        self._timer = self.loop.call_later(timeout, self._expire)
+
+    def _stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._phase = None, None
+
+    def _expire(self) -> None:
+        phase = self._phase
+        self._timer, self._phase = None, None
+        if self.transport.is_closing():
+            return
+        if phase == "headers" and not self.conn.trailing_data[0]:
+            self.transport.close()  # it never asked anything: nothing to answer
+            return
+        limits = self.front_door
+        timeout = limits.header_timeout_s if phase == "headers" else limits.body_timeout_s
+        what = "request line and headers" if phase == "headers" else "request body"
+        log.debug("dropping a connection: its %s took longer than %g s", what, timeout)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True  # the route waiting for the body gives up now
+            self.cycle.message_event.set()
+        self._send_error(408, f"the {what} did not arrive within {timeout:g} s", linger=False)
+
+    def _send_error(self, status: int, message: str, *, linger: bool = True) -> None:
+        """Answer with a JSON error if no response has begun, then close."""
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            headers, body = error_response(status, message)
+            response = h11.Response(
+                status_code=status, headers=headers, reason=STATUS_PHRASES[status]
+            )
+            for event in (response, h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event) or b"")
+        if linger:
+            self.close()
+        else:
+            self.raw_transport.close()
+
+
+class _LingeringClose:
+    """The connection's transport for uvicorn's code, whose `close()` asks the protocol."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: FrontDoorProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._protocol.close()
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._transport.is_closing()
+
+
+def fit_fd_limit(max_connections: int) -> None:
+    """Each connection holds a file descriptor: raise the soft limit toward the hard one, so
+    that the connection cap refuses with a 503 before accept() fails with EMFILE."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + _FDS_BESIDE_CONNECTIONS
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    if new < want:
+        log.warning(
+            "open files are limited to %d: fewer than --max-connections %d needs",
+            new,
+            max_connections,
+        )
