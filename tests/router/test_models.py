@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api.helpers import Server, sse_events
+from api.helpers import Server, sse_events, start_server
 
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.llm import LLM
@@ -41,8 +41,11 @@ def reference(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
 def pair(
     tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    """alpha and beta, one replica each."""
-    args = serve_args(f"alpha={tiny_models['alpha']}:1", f"beta={tiny_models['beta']}:1")
+    """alpha and beta, one replica each; open, with the replica API on (for `front`)."""
+    args = serve_args(
+        f"alpha={tiny_models['alpha']}:1", f"beta={tiny_models['beta']}:1",
+        extra=("--replica-api",),
+    )  # fmt: skip
     with running(args, tmp_path_factory.mktemp("pair"), clean_exit=False) as s:
         yield s
 
@@ -111,6 +114,29 @@ def test_front_end_routes_to_local_and_remote_replicas(
     assert after["alpha/long-0"] == before["alpha/long-0"], "short prompts stay off the long pool"
     # beta lives only on the remote server: its tokenizer came from there
     assert complete(front.url, "beta", PROMPTS[0], stream=True) == reference["beta"][0]
+
+
+def test_an_open_server_keeps_its_replica_api_off_unless_asked(front: Server) -> None:
+    body = {"request_id": "r", "model": "alpha", "prompt_token_ids": [1], "params": {}}
+    for path in ("/v1/replica/generate", "/v1/replica/abort"):
+        r = httpx.post(front.url + path, json=body)
+        assert r.status_code == 404 and "--replica-api" in r.json()["error"]["message"], r.text
+    r = httpx.get(front.url + "/v1/replica/tokenizer", params={"model": "alpha"})
+    assert r.status_code == 404
+    assert httpx.get(front.url + "/v1/stats").status_code == 200  # stats stay open
+    assert httpx.get(front.url + "/metrics").status_code == 200
+
+
+def test_a_front_end_refuses_a_remote_whose_replica_api_is_off(
+    front: Server, tmp_path: Path
+) -> None:
+    server = start_server(serve_args(extra=("--replicas", "0", "--replica-url", front.url)),
+                          tmp_path)  # fmt: skip
+    try:
+        assert server.proc.wait(60) == 1, server.log()
+    finally:
+        server.stop()
+    assert "--replica-api" in server.log() and "does not let this server use" in server.log()
 
 
 def test_long_prompts_take_the_long_pool(front: Server, reference: dict[str, list[str]]) -> None:

@@ -1,10 +1,13 @@
-"""The JSON forms between a front end and a remote replica round-trip exactly (pure)."""
+"""The JSON forms between a front end and a remote replica round-trip exactly, and what arrives
+is validated like the public API (pure)."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+from pydantic import ValidationError
 
 from headrace.engine.client import GenerateOptions, GenerationChunk
 from headrace.engine.outputs import StepStats, TokenLogprobs
@@ -25,13 +28,88 @@ def test_request_roundtrip() -> None:
     assert data["prompt_token_ids"] == [1, 5, 9]
     assert wire.params_from_json(data["params"]) == params
     assert wire.options_from_json(data["options"]) == options
+    body = wire.ReplicaGenerateBody.model_validate(data)
+    assert body.params.sampling_params() == params
+    assert body.options.generate_options(arrival_time=5.0).arrival_time == 5.0
 
 
-def test_bad_params_are_refused() -> None:
+def test_the_wire_sends_the_time_left_not_a_clock() -> None:
+    options = GenerateOptions(timeout_s=10.0, queue_timeout_s=2.0, arrival_time=100.0)
+    left = wire.time_left(options, now=103.0)
+    assert (left.timeout_s, left.queue_timeout_s, left.arrival_time) == (7.0, wire.MIN_TIMEOUT_S,
+                                                                         None)  # fmt: skip
+    sent = wire.request_json("r", "m", [1], SamplingParams(), options)["options"]
+    assert sent["arrival_time"] is None and 0 < sent["timeout_s"] <= 10.0
+    plain = GenerateOptions(timeout_s=10.0)  # no arrival time: nothing to subtract
+    assert wire.time_left(plain, now=1e9) is plain
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": "x"}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"stop": ["a"] * 17}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"ignore_eos": 1}, "ignore_eos"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
+def test_bad_params_are_refused_naming_the_field(params: dict, field: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        wire.params_from_json(params)
+    assert e.value.errors()[0]["loc"][0] == field
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"weight": 0}, "weight"),
+        ({"weight": -1.0}, "weight"),
+        ({"weight": math.inf}, "weight"),
+        ({"weight": 1001}, "weight"),
+        ({"priority": 99}, "priority"),
+        ({"priority": -1}, "priority"),
+        ({"priority": True}, "priority"),
+        ({"timeout_s": "x"}, "timeout_s"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"queue_timeout_s": math.nan}, "queue_timeout_s"),
+        ({"tenant": ""}, "tenant"),
+        ({"tenant": "t" * 257}, "tenant"),
+        ({"arrival_time": 12.5}, "arrival_time"),  # another machine's clock
+        ({"bogus": 1}, "bogus"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_field(options: dict, field: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        wire.options_from_json(options)
+    assert e.value.errors()[0]["loc"][0] == field
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"weight": 0},
+        {"weight": -2.0},
+        {"weight": math.nan},
+        {"weight": math.inf},
+        {"weight": "1"},
+        {"timeout_s": 0},
+        {"timeout_s": math.nan},
+        {"queue_timeout_s": -1.0},
+        {"queue_timeout_s": "5"},
+        {"arrival_time": math.inf},
+        {"priority": 1.5},
+        {"tenant": 3},
+    ],
+)
+def test_generate_options_cannot_be_poisoned(kwargs: dict) -> None:
     with pytest.raises(ValueError):
-        wire.params_from_json({"max_tokens": 0})
-    with pytest.raises(TypeError):
-        wire.params_from_json({"bogus": 1})
+        GenerateOptions(**kwargs)
 
 
 def test_chunk_roundtrip() -> None:

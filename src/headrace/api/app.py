@@ -19,11 +19,13 @@ from fastapi.responses import JSONResponse, Response
 
 from headrace.api import chat, generate, openai
 from headrace.api.arrival import ArrivalClock
+from headrace.api.early_refusal import EarlyRefusal
 from headrace.api.errors import install_error_handlers
 from headrace.api.limits import BodySizeLimit
 from headrace.api.state import AppState, app_state
 from headrace.config import ServerConfig
 from headrace.engine.client import EngineClient
+from headrace.gateway.access import Scope
 from headrace.gateway.base import Gateway
 from headrace.metrics.prometheus import Metrics
 from headrace.router import replica_api
@@ -48,6 +50,7 @@ def build_app(
     app.state.headrace = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(EarlyRefusal, state=state)
     app.add_middleware(ArrivalClock)  # added last: runs first
     for module in (generate, openai, chat):
         app.include_router(module.router)
@@ -76,14 +79,16 @@ def _openapi_without_422(app: FastAPI) -> Callable[[], dict[str, Any]]:
 
 
 async def health(request: Request) -> JSONResponse:
-    """200 when every engine is up; 503 while loading, after a failure, or shutting down."""
-    status, body = app_state(request).health()
+    """200 when every engine is up; 503 while loading, after a failure, or shutting down. The
+    details (models, replicas, pids, URLs) only for whom `InternalAccess` lets see them."""
+    state = app_state(request)
+    status, body = state.health(details=state.gateway.access.allows(Scope.HEALTH, request.headers))
     return JSONResponse(body, status_code=status)
 
 
 async def metrics_route(request: Request) -> Response:
     state = app_state(request)
-    state.gateway.authorize_admin(request.headers)
+    state.gateway.access.authorize(Scope.METRICS, request.headers)
     body, content_type = state.metrics.render()
     return Response(body, media_type=content_type)
 

@@ -53,8 +53,13 @@ class AppState:
         if self.loading or not self.engines:
             raise APIError(503, "model is loading", type="unavailable_error", code=503)
 
-    def health(self) -> tuple[int, dict[str, object]]:
-        """Status code and body for /health."""
+    def health(self, details: bool = True) -> tuple[int, dict[str, object]]:
+        """Status code and body for /health; without `details`, the body is only its status
+        (no error text, models, pids or replica URLs: those are for the operator)."""
+        status, body = self._health()
+        return status, (body if details else {"status": body["status"]})
+
+    def _health(self) -> tuple[int, dict[str, object]]:
         if self.load_error is not None:
             return 503, {"status": "failed", "error": self.load_error}
         if self.shutdown.is_set():

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from headrace.gateway.access import InternalAccess
 
 
 class GatewayError(Exception):
@@ -46,14 +49,18 @@ class Admission:
 
 class Gateway(Protocol):
     """Call order for one request: `authenticate` -> `check` (before tokenizing) -> `admit`
-    (prompt counted) -> `started` (first output arrived) -> `release` (always, once admitted)."""
+    (prompt counted) -> `started` (first output arrived) -> `release` (always, once admitted).
+    `access` says who may use the internal routes (replica API, stats, metrics, health details).
+    """
+
+    access: InternalAccess
 
     def authenticate(self, headers: Mapping[str, str]) -> Tenant:
         """Raises GatewayError(401) for a missing or wrong key."""
         ...
 
     def authorize_admin(self, headers: Mapping[str, str]) -> None:
-        """For /metrics: raises GatewayError(401) when an admin key is set and not given."""
+        """For /metrics: `access.authorize(Scope.METRICS, headers)`."""
         ...
 
     def check(self, tenant: Tenant, model: str = "") -> None:
@@ -84,14 +91,19 @@ class Gateway(Protocol):
 class OpenGateway:
     """No tenants file: everyone is the default tenant, no limits."""
 
-    def __init__(self, tenant: Tenant | None = None) -> None:
+    def __init__(self, tenant: Tenant | None = None, access: InternalAccess | None = None) -> None:
+        from headrace.gateway.access import InternalAccess  # it needs GatewayError from here
+
         self.tenant = tenant or Tenant()
+        self.access = access or InternalAccess()
 
     def authenticate(self, headers: Mapping[str, str]) -> Tenant:
         return self.tenant
 
     def authorize_admin(self, headers: Mapping[str, str]) -> None:
-        return None
+        from headrace.gateway.access import Scope
+
+        self.access.authorize(Scope.METRICS, headers)
 
     def check(self, tenant: Tenant, model: str = "") -> None:
         return None

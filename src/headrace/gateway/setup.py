@@ -7,6 +7,7 @@ gateway reads the engines' live step statistics and its metrics join the app's r
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -14,9 +15,12 @@ from prometheus_client.registry import Collector
 
 from headrace.config import GatewayConfig
 from headrace.engine.client import EngineClient
-from headrace.gateway.base import Gateway, OpenGateway
+from headrace.gateway.access import InternalAccess
+from headrace.gateway.base import Gateway, OpenGateway, Tenant
 from headrace.gateway.gateway import TenantGateway
 from headrace.gateway.tenants import load_tenants
+
+log = logging.getLogger("headrace.gateway")
 
 
 class _Metrics(Protocol):
@@ -24,17 +28,39 @@ class _Metrics(Protocol):
 
 
 def build_gateway(cfg: GatewayConfig) -> Gateway:
-    """No tenants file and no bounds: the open gateway (no keys, no limits). Otherwise the
-    tenant gateway; without a file it runs open (one default tenant) but sheds load."""
-    if cfg == GatewayConfig():
-        return OpenGateway()
-    tenants = load_tenants(cfg.tenants) if cfg.tenants else None
-    return TenantGateway(
-        tenants,
-        max_queued_requests=cfg.max_queued_requests,
-        max_queued_tokens=cfg.max_queued_tokens,
-        admin_keys=[cfg.admin_key] if cfg.admin_key else [],
-    )
+    """No tenants file, admin key or bounds: the open gateway (no keys, no limits). Otherwise
+    the tenant gateway; without a file it runs open (one default tenant) but sheds load.
+    Logs a warning when the internal routes are open to anyone, or closed to everyone."""
+    gateway: Gateway
+    default_tenant = Tenant(queue_timeout_s=cfg.queue_timeout_s)
+    if cfg == GatewayConfig(replica_api=cfg.replica_api, queue_timeout_s=cfg.queue_timeout_s):
+        access = InternalAccess(replica_api=cfg.replica_api)
+        gateway = OpenGateway(default_tenant, access=access)
+    else:
+        gateway = TenantGateway(
+            load_tenants(cfg.tenants) if cfg.tenants else None,
+            max_queued_requests=cfg.max_queued_requests,
+            max_queued_tokens=cfg.max_queued_tokens,
+            admin_keys=[cfg.admin_key] if cfg.admin_key else [],
+            replica_api=cfg.replica_api,
+            default_tenant=default_tenant,
+            default_queue_timeout_s=cfg.queue_timeout_s,
+        )
+    _warn_about_access(gateway.access)
+    return gateway
+
+
+def _warn_about_access(access: InternalAccess) -> None:
+    if access.replica_api_open:
+        log.warning(
+            "the replica API (/v1/replica/*) is on and open: anyone who reaches this server can "
+            "run requests as any tenant, at any priority; give it --admin-key to restrict it"
+        )
+    elif access.locked_out:
+        log.warning(
+            "/v1/replica/*, /v1/stats, /metrics and the details of /health need an admin key, "
+            "and none is set: they refuse everyone (set --admin-key or admin_key_sha256)"
+        )
 
 
 def connect_gateway(

@@ -94,7 +94,7 @@ async def start_deployment(
     for (model, name, pool, starter), engine in zip(plans, started, strict=True):
         replicas[model].append(Replica(name, engine, pool=pool, starter=starter))
     try:
-        await _add_remotes(replicas, replica_urls, router_cfg.replica_api_key)
+        await _add_remotes(replicas, replica_urls, router_cfg)
         implicit = {s.name for s in specs if s.model is None}  # `--replicas 0`, no --model
         for model in [m for m, reps in replicas.items() if not reps and m in implicit]:
             del replicas[model]
@@ -122,16 +122,20 @@ def _starter(
 
 
 async def _add_remotes(
-    replicas: dict[str, list[Replica]], urls: Sequence[str], api_key: str | None
+    replicas: dict[str, list[Replica]], urls: Sequence[str], cfg: RouterConfig
 ) -> None:
     """Each remote server becomes a replica of every model it serves."""
+    api_key = cfg.replica_api_key
     if urls:  # httpx logs every request at INFO: the stats polls would flood the log
         logging.getLogger("httpx").setLevel(logging.WARNING)
     for url in urls:
         for model in await _models_at(url, api_key):
             local = replicas.setdefault(model, [])
             tokenizer = local[0].info.tokenizer if local else None  # else: fetched from there
-            engine = await RemoteEngine.connect(url, model, tokenizer=tokenizer, api_key=api_key)
+            engine = await RemoteEngine.connect(
+                url, model, tokenizer=tokenizer, api_key=api_key,
+                read_timeout_s=cfg.replica_read_timeout_s,
+            )  # fmt: skip
             index = sum(1 for r in local if r.url is not None)
             local.append(Replica(f"{model}/remote-{index}", engine, url=url))
 
@@ -141,7 +145,8 @@ async def _models_at(url: str, api_key: str | None) -> list[str]:
     async with httpx.AsyncClient(headers=headers) as client:
         try:
             resp = await client.get(url.rstrip("/") + "/v1/stats", timeout=10)
-            resp.raise_for_status()
+            if resp.status_code != 200:  # 401: it needs its admin key (--replica-api-key)
+                raise ValueError(f"HTTP {resp.status_code}: {resp.text[:200]}")
             return list(resp.json()["models"])
         except (httpx.HTTPError, ValueError, KeyError) as e:
             raise RuntimeError(f"replica {url} does not answer GET /v1/stats: {e}") from e

@@ -5,6 +5,11 @@ its load comes from polling `GET /v1/stats` every `poll_interval_s`, and from th
 the first and last event of each stream carry. A poll or a stream that
 fails at the transport level marks it unhealthy at once (the router then retries requests that
 had not streamed anything); the next successful poll makes it healthy again.
+
+A stream is never silent for long: the server sends an SSE comment every couple of seconds while
+a request waits or between chunks. So a stream with nothing for `read_timeout_s` means a server
+that froze (stopped, hung, its network gone): the stream ends with an error chunk and the
+replica leaves the rotation, instead of holding its client forever.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ log = logging.getLogger("headrace.router")
 
 POLL_INTERVAL_S = 0.25
 POLL_TIMEOUT_S = 5.0
-_STREAM_TIMEOUT = httpx.Timeout(10.0, read=None)  # a request may wait long for its first token
+READ_TIMEOUT_S = 30.0  # RouterConfig.replica_read_timeout_s
+CONNECT_TIMEOUT_S = 10.0
 
 
 class RemoteEngine:
@@ -39,12 +45,14 @@ class RemoteEngine:
         max_model_len: int,
         tokenizer: Any,
         poll_interval_s: float = POLL_INTERVAL_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         self._client = client
         self._model = model
         self._max_model_len = max_model_len
         self._tokenizer = tokenizer
         self._poll_interval_s = poll_interval_s
+        self._stream_timeout = httpx.Timeout(CONNECT_TIMEOUT_S, read=read_timeout_s)
         self._stats = StepStats()
         self._failure: str | None = None
         self._closed = False
@@ -59,6 +67,7 @@ class RemoteEngine:
         tokenizer: Any = None,
         api_key: str | None = None,
         poll_interval_s: float = POLL_INTERVAL_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> RemoteEngine:
         """Reach the server at `url` and pick its `model` (or its only one); without a
         `tokenizer`, fetch the server's. Raises RuntimeError when that cannot be done."""
@@ -72,10 +81,11 @@ class RemoteEngine:
                 model = next(iter(models))
             if model not in models:
                 raise RuntimeError(f"{url} does not serve model {model!r}")
+            await _check_replica_api(client, model)
             if tokenizer is None:
                 tokenizer = await _fetch_tokenizer(client, model)
             engine = cls(client, model, int(models[model]["max_model_len"]), tokenizer,
-                         poll_interval_s)  # fmt: skip
+                         poll_interval_s, read_timeout_s)  # fmt: skip
             engine._on_stats(models[model])
         except BaseException:
             await client.aclose()
@@ -127,7 +137,7 @@ class RemoteEngine:
             return
         try:
             async with self._client.stream(
-                "POST", "/v1/replica/generate", json=body, timeout=_STREAM_TIMEOUT
+                "POST", "/v1/replica/generate", json=body, timeout=self._stream_timeout
             ) as resp:
                 if resp.status_code != 200:
                     yield await self._refused(request_id, resp)
@@ -138,6 +148,9 @@ class RemoteEngine:
                         return
             self._fail("its stream ended before the request finished")
             yield _error(request_id, f"remote replica {self.url} ended the stream early")
+        except httpx.TimeoutException as e:  # a read timeout: nothing, not even a keep-alive
+            self._fail(f"{type(e).__name__}: it stopped answering")
+            yield _error(request_id, f"remote replica {self.url} stopped answering")
         except httpx.TransportError as e:
             self._fail(f"{type(e).__name__}: {e}")
             yield _error(request_id, f"remote replica {self.url} failed: {e}")
@@ -166,7 +179,7 @@ class RemoteEngine:
         self, request_id: str, resp: httpx.Response
     ) -> AsyncIterator[GenerationChunk]:
         async for line in resp.aiter_lines():
-            if not line.startswith("data: "):
+            if not line.startswith("data: "):  # ": keep-alive" comments, blank separators
                 continue
             data = line[len("data: ") :]
             if data == "[DONE]":
@@ -227,6 +240,22 @@ async def _get_json(client: httpx.AsyncClient, path: str, **params: str) -> dict
         raise RuntimeError(f"{client.base_url}{path}: HTTP {resp.status_code}: {resp.text[:200]}")
     data: dict[str, Any] = resp.json()
     return data
+
+
+async def _check_replica_api(client: httpx.AsyncClient, model: str) -> None:
+    """Refuse at start a server whose replica API is off or needs another key (its stats may
+    be open while it is): otherwise it would fail every request routed to it, then rejoin."""
+    probe = {"request_id": "headrace-probe", "model": model}  # aborting nothing is harmless
+    try:
+        resp = await client.post("/v1/replica/abort", json=probe, timeout=POLL_TIMEOUT_S)
+    except httpx.HTTPError as e:
+        raise RuntimeError(f"{client.base_url}: {type(e).__name__}: {e}") from e
+    if resp.status_code != 200:
+        raise RuntimeError(
+            f"{client.base_url} does not let this server use its replica API (HTTP "
+            f"{resp.status_code}: {resp.text[:200]}): start it with --admin-key KEY and give "
+            "this one --replica-api-key KEY (or start it with --replica-api)"
+        )
 
 
 async def _fetch_tokenizer(client: httpx.AsyncClient, model: str) -> Tokenizer:

@@ -4,57 +4,69 @@ wants its live load.
 - `GET /v1/stats`: per model, its context length, whether it serves, its summed `StepStats`
   and, behind a router, each replica's state and load.
 - `POST /v1/replica/generate`: one request as token ids with the front end's sampling params
-  and options; streams one SSE event per `GenerationChunk` (the first and the last also carry
-  the engine's stats), then `[DONE]`. A request that can never fit is a 400 before the stream
-  starts.
+  and options (`wire.ReplicaGenerateBody`, validated: a bad field is a 400 naming it); streams
+  one SSE event per `GenerationChunk` (the first and the last also carry the engine's stats),
+  then `[DONE]`. A request that can never fit is a 400 before the stream starts. While the
+  request waits, and between chunks, an SSE comment (`: keep-alive`) goes out every
+  `KEEPALIVE_S`, so that the front end can tell a slow request from a frozen server.
 - `POST /v1/replica/abort`, `GET /v1/replica/tokenizer` (so a front end can serve a model it
   has no files for).
 
-The front end's gateway has already admitted the request, so these routes ask only for the
-admin key (when the server has one), never a tenant's.
+The front end's gateway has already admitted the request, so these routes ask no tenant's key:
+who may call them is `InternalAccess`'s rule (the admin key, or `--replica-api` on an open
+server), checked before the body is.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
 
+from headrace.api.arrival import arrival_time
 from headrace.api.errors import APIError, bad_request
+from headrace.api.schemas import error_responses
 from headrace.api.serving import unless_disconnected
 from headrace.api.sse import DONE, SSEResponse, encode_event
 from headrace.api.state import AppState, app_state
 from headrace.engine.client import EngineClient, GenerationChunk
+from headrace.gateway.access import Scope
 from headrace.request import FinishReason
-from headrace.router.wire import chunk_json, options_from_json, params_from_json, stats_json
+from headrace.router.wire import (
+    ReplicaAbortBody,
+    ReplicaGenerateBody,
+    chunk_json,
+    stats_json,
+)
+
+KEEPALIVE_S = 2.0  # a front end's read timeout (--replica-read-timeout-s) must exceed it
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def _access(scope: Scope) -> Callable[[Request], Awaitable[None]]:
+    async def check(request: Request) -> None:
+        app_state(request).gateway.access.authorize(scope, request.headers)
+
+    return check
+
 
 router = APIRouter()
+# In the schema (tagged internal) so that fuzzing and clients see them; the access rule says
+# who may call them.
+_replica = APIRouter(
+    dependencies=[Depends(_access(Scope.REPLICA))],
+    tags=["internal"],
+    responses=error_responses(400, 401, 404, 503),
+)
 
 
-class ReplicaGenerateBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    request_id: str = Field(min_length=1, max_length=256)
-    model: str
-    prompt_token_ids: list[int] = Field(min_length=1)
-    params: dict[str, Any]
-    options: dict[str, Any] = Field(default_factory=dict)
-
-
-class ReplicaAbortBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    request_id: str
-    model: str
-
-
-@router.get("/v1/stats")
+@router.get("/v1/stats", dependencies=[Depends(_access(Scope.STATS))])
 async def stats(request: Request) -> dict[str, Any]:
     state = app_state(request)
-    state.gateway.authorize_admin(request.headers)
     models: dict[str, Any] = {}
     for name, engine in list(state.engines.items()):
         describe = getattr(engine, "describe", None)  # a router tells of its replicas
@@ -67,84 +79,129 @@ async def stats(request: Request) -> dict[str, Any]:
     return {"loading": state.loading or not state.engines, "models": models}
 
 
-@router.get("/v1/replica/tokenizer", include_in_schema=False)
+@_replica.get("/v1/replica/tokenizer")
 async def tokenizer(request: Request, model: str) -> dict[str, Any]:
-    state = app_state(request)
-    state.gateway.authorize_admin(request.headers)
-    _, engine = state.engine_for(model)
+    _, engine = app_state(request).engine_for(model)
     tok = engine.tokenizer
     return {"tokenizer": tok.backend.to_str(), "config": tok.config}
 
 
-@router.post("/v1/replica/abort", include_in_schema=False)
+@_replica.post("/v1/replica/abort")
 async def abort(body: ReplicaAbortBody, request: Request) -> JSONResponse:
-    state = app_state(request)
-    state.gateway.authorize_admin(request.headers)
-    engine = state.engines.get(body.model)
+    engine = app_state(request).engines.get(body.model)
     if engine is not None:
         await engine.abort(body.request_id)
     return JSONResponse({"aborted": body.request_id})
 
 
-@router.post("/v1/replica/generate", include_in_schema=False)
+@_replica.post("/v1/replica/generate")
 async def generate(body: ReplicaGenerateBody, request: Request) -> Response:
     state = app_state(request)
-    state.gateway.authorize_admin(request.headers)
     _, engine = state.engine_for(body.model)
+    _check_vocabulary(engine, body)
     try:
-        params = params_from_json(body.params)
-        options = options_from_json(body.options)
-    except (TypeError, ValueError) as e:
-        raise bad_request(f"bad replica request: {e}") from e
-    chunks = engine.generate(body.request_id, body.prompt_token_ids, params, options)
-    first = await _first(state, request, chunks)
-    return SSEResponse(_events(first, chunks, engine), on_shutdown=state.shutdown.wait)
-
-
-async def _first(
-    state: AppState, request: Request, chunks: AsyncIterator[GenerationChunk]
-) -> GenerationChunk:
-    """The first chunk before the headers go out, so that a refusal is still a status code."""
-    try:
-        return await unless_disconnected(state, request, anext(chunks))
+        params = body.params.sampling_params()
+        options = body.options.generate_options(arrival_time(request.scope))
     except ValueError as e:
+        raise bad_request(f"bad replica request: {e}") from e
+    pending = _Pending(engine.generate(body.request_id, body.prompt_token_ids, params, options))
+    first = await _first(state, request, pending)
+    events = _events(body.request_id, first, pending, engine)
+    return SSEResponse(events, on_shutdown=state.shutdown.wait)
+
+
+router.include_router(_replica)
+
+
+def _check_vocabulary(engine: EngineClient, body: ReplicaGenerateBody) -> None:
+    vocab = int(engine.tokenizer.vocab_size)
+    for field, ids in (
+        ("prompt_token_ids", body.prompt_token_ids),
+        ("params.stop_token_ids", body.params.stop_token_ids),
+    ):
+        bad = next((t for t in ids if t >= vocab), None)
+        if bad is not None:
+            raise bad_request(
+                f"{field}: token id {bad} is outside the vocabulary [0, {vocab})", field
+            )
+
+
+class _Pending:
+    """The engine's chunks, read with a timeout: the read in progress survives a timeout (to
+    be awaited again after a keep-alive), which `asyncio.wait_for` on `anext` would cancel."""
+
+    def __init__(self, chunks: AsyncIterator[GenerationChunk]) -> None:
+        self.chunks = chunks
+        self._next: asyncio.Future[GenerationChunk] | None = None
+
+    async def next(self, timeout: float) -> GenerationChunk | None:
+        """The next chunk, or None if none came within `timeout` seconds."""
+        if self._next is None:
+            self._next = asyncio.ensure_future(anext(self.chunks))
+        done, _ = await asyncio.wait({self._next}, timeout=timeout)
+        if not done:
+            return None
+        task, self._next = self._next, None
+        return task.result()
+
+    async def close(self) -> None:
+        if self._next is not None:  # the generator is mid-read: end that read first
+            self._next.cancel()
+            with contextlib.suppress(BaseException):
+                await self._next
+        aclose = getattr(self.chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _first(state: AppState, request: Request, pending: _Pending) -> GenerationChunk | None:
+    """The first chunk before the headers go out, so that a refusal is still a status code;
+    None when it takes longer than `KEEPALIVE_S` (it waits in a queue: the stream starts, with
+    keep-alives, rather than leave the front end without a byte)."""
+    try:
+        return await unless_disconnected(state, request, pending.next(KEEPALIVE_S))
+    except ValueError as e:
+        await pending.close()
         raise bad_request(str(e)) from e
     except StopAsyncIteration:
+        await pending.close()
         raise APIError(500, "the engine ended the request without a result") from None
     except APIError:
-        await _close(chunks)
+        await pending.close()
         raise
     except Exception as e:
-        await _close(chunks)
+        await pending.close()
         raise APIError(503, f"the engine failed: {e}", type="unavailable_error") from e
 
 
 async def _events(
-    first: GenerationChunk, chunks: AsyncIterator[GenerationChunk], engine: EngineClient
+    request_id: str, first: GenerationChunk | None, pending: _Pending, engine: EngineClient
 ) -> AsyncGenerator[bytes, None]:
-    """The chunks as events; the first and the last also carry the engine's stats, so that the
-    front end's view of this server's load is as fresh as a local replica's."""
+    """The chunks as events, keep-alives between them; the first and the last also carry the
+    engine's stats, so that the front end's view of this server's load is as fresh as a local
+    replica's."""
+    chunk, sent = first, 0
     try:
-        chunk = first
         while True:
+            if chunk is None:
+                try:
+                    chunk = await pending.next(KEEPALIVE_S)
+                except Exception as e:  # tell the front end, which then fails the request
+                    error = str(e) or type(e).__name__
+                    failed = GenerationChunk(request_id, "", [], FinishReason.ERROR, error=error)
+                    yield encode_event(chunk_json(failed))
+                    break
+                if chunk is None:
+                    yield KEEPALIVE
+                    continue
             data = chunk_json(chunk)
-            if chunk is first or chunk.finished:
+            if sent == 0 or chunk.finished:
                 data["stats"] = stats_json(engine.stats())
             yield encode_event(data)
+            sent += 1
             if chunk.finished:
                 break
-            try:
-                chunk = await anext(chunks)
-            except Exception as e:  # tell the front end, which then fails the request
-                failed = GenerationChunk(first.request_id, "", [], FinishReason.ERROR, error=str(e))
-                yield encode_event(chunk_json(failed))
-                break
+            chunk = None
     finally:
-        await _close(chunks)
+        await pending.close()
     yield DONE
-
-
-async def _close(chunks: AsyncIterator[GenerationChunk]) -> None:
-    aclose = getattr(chunks, "aclose", None)
-    if aclose is not None:
-        await aclose()

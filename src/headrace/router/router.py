@@ -139,6 +139,9 @@ class Router:
                         return
                     replica.first_output(request_id)
                     attempt.streamed = True
+                elif chunk.finish_reason is FinishReason.ERROR and not replica.engine.is_healthy:
+                    # Out of rotation now, not at the supervisor's next look.
+                    replica.mark_down(chunk.error or "it failed mid-stream")
                 yield chunk
         except ValueError:
             raise  # refused before it started: it can never fit
@@ -206,9 +209,12 @@ class Router:
 
 
 def _less(opts: GenerateOptions, t0: float) -> GenerateOptions:
-    """The options of a retry: its deadlines still count from the first arrival."""
+    """The options of a retry: its deadlines still count from the first arrival. With an
+    `arrival_time` they do already (and a remote replica's wire sends the time left)."""
     spent = time.monotonic() - t0
-    if spent <= 0 or (opts.timeout_s is None and opts.queue_timeout_s is None):
+    if opts.arrival_time is not None or spent <= 0:
+        return opts
+    if opts.timeout_s is None and opts.queue_timeout_s is None:
         return opts
 
     def left(limit: float | None) -> float | None:

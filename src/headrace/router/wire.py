@@ -1,18 +1,94 @@
 """The JSON forms a front end and a remote replica (another `headrace serve`) exchange.
 
-`POST /v1/replica/generate` takes `request_json(...)` and streams one SSE event per
-`GenerationChunk` (`chunk_json`); `GET /v1/stats` carries `StepStats` as `stats_json`. Token
-ids travel as ids, so nothing is tokenized twice and outputs are exact.
+`POST /v1/replica/generate` takes `request_json(...)` (validated on arrival as
+`ReplicaGenerateBody`) and streams one SSE event per `GenerationChunk` (`chunk_json`);
+`GET /v1/stats` carries `StepStats` as `stats_json`. Token ids travel as ids, so nothing is
+tokenized twice and outputs are exact.
+
+What arrives is checked as strictly as the public API (types, bounds, NaN and infinity, unknown
+fields): a bad value is a 400 naming the field, never something the engine core trips on.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import time
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from headrace.api.schemas import MAX_TOKENS_LIMIT, SEED_MAX, Stop
+from headrace.api.text import Text
 from headrace.engine.client import GenerateOptions, GenerationChunk
 from headrace.engine.outputs import StepStats, TokenLogprobs
 from headrace.request import FinishReason, SamplingParams
+
+MIN_TIMEOUT_S = 0.001  # what is left of a deadline that ran out on the way: it ends at once
+MAX_PRIORITY = 9  # as in the tenants file: a tier's priority is 0..9
+MAX_WEIGHT = 1000.0  # as in the tenants file
+
+_STRICT = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
+
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]  # below the vocabulary: checked per model
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class WireParams(BaseModel):
+    """`SamplingParams`, with the public API's bounds."""
+
+    model_config = _STRICT
+
+    max_tokens: int = Field(default=16, ge=1, le=MAX_TOKENS_LIMIT)
+    temperature: float = Field(default=1.0, ge=0, le=100)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0, le=2**31 - 1)
+    seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
+    stop: list[Stop] = Field(default_factory=list, max_length=16)
+    stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=64)
+    ignore_eos: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def sampling_params(self) -> SamplingParams:
+        fields = self.model_dump()
+        fields["stop"] = tuple(self.stop)
+        fields["stop_token_ids"] = tuple(self.stop_token_ids)
+        return SamplingParams(**fields)
+
+
+class WireOptions(BaseModel):
+    """`GenerateOptions`. `arrival_time` is another machine's clock: only null is accepted,
+    the deadlines are the time left when the front end sent the request."""
+
+    model_config = _STRICT
+
+    priority: int = Field(default=1, ge=0, le=MAX_PRIORITY)
+    tenant: Text = Field(default="default", min_length=1, max_length=256)
+    weight: float = Field(default=1.0, gt=0, le=MAX_WEIGHT)
+    timeout_s: Seconds | None = None
+    queue_timeout_s: Seconds | None = None
+    arrival_time: None = None
+
+    def generate_options(self, arrival_time: float | None = None) -> GenerateOptions:
+        fields = self.model_dump()
+        fields["arrival_time"] = arrival_time
+        return GenerateOptions(**fields)
+
+
+class ReplicaGenerateBody(BaseModel):
+    model_config = _STRICT
+
+    request_id: Text = Field(min_length=1, max_length=256)
+    model: Text = Field(min_length=1, max_length=256)
+    prompt_token_ids: list[TokenId] = Field(min_length=1)
+    params: WireParams
+    options: WireOptions = Field(default_factory=lambda: WireOptions())
+
+
+class ReplicaAbortBody(BaseModel):
+    model_config = _STRICT
+
+    request_id: Text = Field(min_length=1, max_length=256)
+    model: Text = Field(min_length=1, max_length=256)
 
 
 def request_json(
@@ -27,20 +103,36 @@ def request_json(
         "model": model,
         "prompt_token_ids": prompt_ids,
         "params": dataclasses.asdict(params),
-        "options": dataclasses.asdict(options),
+        "options": dataclasses.asdict(time_left(options)),
     }
 
 
+def time_left(options: GenerateOptions, now: float | None = None) -> GenerateOptions:
+    """The options with deadlines as the time left and no `arrival_time`: a monotonic clock
+    means nothing on another machine."""
+    if options.arrival_time is None:
+        return options
+    spent = max((time.monotonic() if now is None else now) - options.arrival_time, 0.0)
+
+    def left(limit: float | None) -> float | None:
+        return None if limit is None else max(limit - spent, MIN_TIMEOUT_S)
+
+    return dataclasses.replace(
+        options,
+        timeout_s=left(options.timeout_s),
+        queue_timeout_s=left(options.queue_timeout_s),
+        arrival_time=None,
+    )
+
+
 def params_from_json(data: dict[str, Any]) -> SamplingParams:
-    """Raises ValueError (or TypeError) for fields that do not make valid settings."""
-    data = dict(data)
-    data["stop"] = tuple(data.get("stop") or ())
-    data["stop_token_ids"] = tuple(data.get("stop_token_ids") or ())
-    return SamplingParams(**data)
+    """Raises ValueError (pydantic's ValidationError) for fields that are not valid settings."""
+    return WireParams.model_validate(data).sampling_params()
 
 
 def options_from_json(data: dict[str, Any]) -> GenerateOptions:
-    return GenerateOptions(**data)
+    """Raises ValueError (pydantic's ValidationError) for fields that are not valid options."""
+    return WireOptions.model_validate(data).generate_options()
 
 
 def chunk_json(chunk: GenerationChunk) -> dict[str, Any]:
