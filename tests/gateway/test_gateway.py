@@ -127,3 +127,19 @@ def test_build_and_connect(tenants_file: Path, tmp_path: Path) -> None:
     gw.admit(who(gw, "carol-key"), 3, 4, "m")
     body, _ = metrics.render()
     assert b'headrace:gateway_requests_admitted_total{tenant="carol",tier="free"} 1.0' in body
+
+
+def test_only_normal_finishes_teach_the_output_ratio(gw: TenantGateway) -> None:
+    carol = who(gw, "carol-key")
+    for reason in ("abort", "error", "timeout", "overloaded", None):
+        a = gw.admit(carol, 10, 90)
+        gw.started(a)
+        gw.release(a, 11, reason)  # one token, then hung up (or failed)
+    never_started = gw.admit(carol, 10, 90)
+    gw.release(never_started, 11, "stop")
+    assert gw.shedder.ratios.of("carol") == 1.0 and gw.shedder.output_ratio == 1.0
+    a = gw.admit(carol, 10, 90)
+    gw.started(a)
+    gw.release(a, 30, "stop")
+    assert gw.shedder.ratios.of("carol") == pytest.approx(0.3)  # 30 of 100 reserved
+    assert gw.shedder.ratios.of("bob") == gw.shedder.output_ratio  # no history: the mean

@@ -8,12 +8,14 @@ method is synchronous and short). For each request the HTTP layer calls `authent
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from headrace.gateway.access import InternalAccess, Scope
 from headrace.gateway.auth import KeyStore, hash_key, key_from_headers
 from headrace.gateway.base import Admission, GatewayError, Tenant
 from headrace.gateway.errors import unauthenticated
@@ -42,14 +44,18 @@ class TenantGateway:
         admin_keys: Iterable[str] = (),
         default_tenant: Tenant | None = None,
         clock: Clock = time.monotonic,
+        replica_api: bool = False,
+        default_queue_timeout_s: float | None = None,
     ) -> None:
         """`config` None runs open: no keys, everyone is `default_tenant`, but the queue bounds
-        and load shedding still apply. `admin_keys` are keys in clear (e.g. `--admin-key`)."""
+        and load shedding still apply. `admin_keys` are keys in clear (e.g. `--admin-key`);
+        `replica_api` is `--replica-api` (see `InternalAccess`)."""
         self.config = config
         self.clock = clock
         self.default_tenant = default_tenant or Tenant()
         specs = config.tenants if config is not None else ()
-        self.tenants = {s.name: s.tenant() for s in specs}
+        # A tenant whose tenant entry and tier set no queue deadline gets the server's.
+        self.tenants = {s.name: _with_deadline(s.tenant(), default_queue_timeout_s) for s in specs}
         self.limiters = {
             s.name: TenantLimiter(s.name, s.tokens_per_minute, s.max_concurrent, clock)
             for s in specs
@@ -58,6 +64,9 @@ class TenantGateway:
         admin = [hash_key(k) for k in admin_keys]
         admin += list(config.admin_key_hashes) if config is not None else []
         self.admin_keys = KeyStore((h, "admin") for h in admin)
+        self.access = InternalAccess(
+            self.admin_keys, tenants=config is not None, replica_api=replica_api
+        )
         self.shedder = LoadShedder(max_queued_requests, max_queued_tokens, clock)
         self.metrics = GatewayMetrics()
         self._tickets = itertools.count(1)
@@ -93,12 +102,11 @@ class TenantGateway:
 
     @property
     def protects_metrics(self) -> bool:
-        return len(self.admin_keys) > 0
+        return self.access.guarded
 
     def authorize_admin(self, headers: Mapping[str, str]) -> None:
-        """For /metrics: raises 401 unless no admin key is set or a valid one is given."""
-        if self.protects_metrics and self.admin_keys.owner(key_from_headers(headers)) is None:
-            raise unauthenticated("this endpoint needs the admin key")
+        """For /metrics: 401 unless the admin key is given or the server is open."""
+        self.access.authorize(Scope.METRICS, headers)
 
     # -- may it start --------------------------------------------------------------------
 
@@ -107,7 +115,7 @@ class TenantGateway:
             limiter = self.limiters.get(tenant.name)
             if limiter is not None:
                 limiter.check()
-            self.shedder.check(model, tenant.priority)
+            self.shedder.check(model, tenant)
         except GatewayError as e:
             self.metrics.reject(tenant.name, tenant.tier, e.reason)
             raise
@@ -121,12 +129,12 @@ class TenantGateway:
         try:
             if limiter is not None:
                 limiter.check(tokens)  # a 429 goes before a 503: it is the tenant's own doing
-            self.shedder.admit(model, tenant.priority, tokens, tenant.queue_timeout_s)
+            self.shedder.admit(model, tenant, tokens)
             headers = limiter.reserve(ticket, tokens) if limiter is not None else {}
         except GatewayError as e:
             self.metrics.reject(tenant.name, tenant.tier, e.reason)
             raise
-        self.shedder.enqueue(ticket, model, tenant.priority, tokens)
+        self.shedder.enqueue(ticket, model, tenant, tokens)
         adm = Ticket(
             tenant, tokens, headers, ticket=ticket, model=model, prompt_tokens=prompt_tokens
         )
@@ -161,7 +169,8 @@ class TenantGateway:
         if self.shedder.dequeue(admission.ticket):
             self.metrics.queued.labels(tenant.tier).dec()
         else:
-            self.shedder.observe_finish(admission.reserved_tokens, used)
+            # Only a started request says how much of its reservation requests really use.
+            self.shedder.observe_finish(tenant.name, admission.reserved_tokens, used, finish_reason)
         if finish_reason == "overloaded":
             self.metrics.reject(tenant.name, tenant.tier, "deadline")
         self.metrics.tokens.labels(tenant.name, tenant.tier).inc(used)
@@ -170,3 +179,9 @@ class TenantGateway:
     @property
     def num_open(self) -> int:
         return len(self._open)
+
+
+def _with_deadline(tenant: Tenant, default_s: float | None) -> Tenant:
+    if tenant.queue_timeout_s is not None or default_s is None:
+        return tenant
+    return dataclasses.replace(tenant, queue_timeout_s=default_s)

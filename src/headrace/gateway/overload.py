@@ -1,79 +1,45 @@
-"""Load shedding: say "overloaded" at arrival, in milliseconds, instead of after a deadline.
+"""Load shedding: say "overloaded" at arrival, in milliseconds, instead of after a deadline,
+and judge each tenant by its own share of the queue, not by everyone's backlog.
 
-The work queued ahead of a new request is the tokens (still to compute, and to generate up
-to max_tokens) of the requests waiting at its priority or a more urgent one. The engine reports
-them per priority with each step (`StepStats.waiting_by_priority`); to those the gateway adds
-the requests it admitted too recently for the engine's last report to include ("in transit").
-Without engine reports it counts every admitted request whose first output has not arrived.
+The queue really waiting is what the engine reports per priority with each step
+(`StepStats.waiting_by_priority`), plus the requests the gateway admitted too recently for the
+engine's last report to include ("in transit"); without engine reports, every admitted request
+whose first output has not arrived. Requests of lower priorities never count. Each tenant's
+part of it is counted by the gateway (`TenantQueue`).
 
-The expected wait is that work, plus one average request's (the new one also needs a running
-request to finish), divided by the engine's throughput at capacity: tokens computed per second
-of wall time while it had a queue (from its `num_tokens_total`, so step overheads count), or
-the per-step rate until that is known. When the wait already exceeds the request's queue
-deadline, or the queue ahead is over its bounds, the request is refused at once with 503 and
-a Retry-After. One that slips through and still does not start in time is ended by the engine
-as `overloaded`.
+- Queue bounds (`max_queued_requests`, `max_queued_tokens`): while the queue at a request's
+  priority and above is under the bound, it is admitted. At the bound, a tenant is refused
+  only when its own queue at that priority would pass its share of the bound: what more urgent
+  work leaves of it, by weight among the tenants queued at that priority (the newcomer
+  counted; a share of requests rounded up). So one tenant's flood never shuts out another of
+  the same tier, and the queue passes the bound only by the shares of tenants that came after
+  it filled: a tenant over its share gets nothing more until it is back under.
+- Expected wait, as the engine's fair queue serves: more urgent work counts in full; at the
+  request's own priority, the tenant's own queued work, and from each other tenant at most as
+  much, by weight, as the tenant's own work with the new request; plus one average request
+  (the new one also needs a running request to finish). Each tenant's work counts at the share
+  of its reservations its requests really use (`OutputRatios`). Divided by the engine's
+  throughput at capacity (`EngineView`), that is the wait; beyond the request's queue deadline
+  it is refused at once with 503 and a Retry-After.
+
+One that slips through and still does not start in time is ended by the engine as `overloaded`.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from headrace.engine.outputs import StepStats
+from headrace.gateway.base import Tenant
+from headrace.gateway.engine_view import EngineView
 from headrace.gateway.errors import overloaded
+from headrace.gateway.fair_share import Ahead, fair_wait, over_share
+from headrace.gateway.output_ratio import OutputRatios
+from headrace.gateway.tenant_queue import Backlog, Queued, TenantQueue
 
 Clock = Callable[[], float]
 StatsSource = Callable[[], Mapping[str, StepStats]]  # model name -> latest step stats
-
-_EMA = 0.2  # weight of a new sample in the throughput and output-ratio averages
-_MIN_WINDOW_S = 0.25  # shortest busy interval a throughput sample is taken over
-
-
-@dataclass(frozen=True)
-class _Queued:
-    model: str
-    priority: int
-    tokens: int  # prompt + max_tokens
-    admitted_at: float
-
-
-class _EngineView:
-    """One engine as the gateway last saw it, and its measured throughput."""
-
-    def __init__(self) -> None:
-        self.stats = StepStats()
-        # When the gateway saw the last two changes of the engine's stats: requests admitted
-        # before the earlier one had a whole report interval to reach the engine.
-        self.seen: deque[float] = deque(maxlen=2)
-        self.busy_since: tuple[float, int] | None = None  # (time, num_tokens_total)
-        self.wall_rate: float | None = None  # tokens/s over busy wall time
-        self.step_rate: float | None = None  # tokens/s of busy steps alone (a fallback)
-
-    def observe(self, st: StepStats, now: float) -> None:
-        self.stats = st
-        self.seen.append(now)
-        if st.num_waiting == 0:  # not at capacity: what it does now says nothing of that
-            self.busy_since = None
-            return
-        if st.step_duration > 0 and st.num_batched_tokens > 0:
-            self.step_rate = _ema(self.step_rate, st.num_batched_tokens / st.step_duration)
-        if self.busy_since is None:
-            self.busy_since = (now, st.num_tokens_total)
-            return
-        t0, total0 = self.busy_since
-        if now - t0 >= _MIN_WINDOW_S and st.num_tokens_total > total0:
-            self.wall_rate = _ema(self.wall_rate, (st.num_tokens_total - total0) / (now - t0))
-            self.busy_since = (now, st.num_tokens_total)
-
-    def rate(self) -> float | None:
-        return self.wall_rate or self.step_rate
-
-
-def _ema(old: float | None, sample: float) -> float:
-    return sample if old is None else old + _EMA * (sample - old)
 
 
 class LoadShedder:
@@ -87,112 +53,170 @@ class LoadShedder:
         self.max_queued_tokens = max_queued_tokens
         self.clock = clock
         self.stats_source: StatsSource | None = None
-        self._queued: dict[int, _Queued] = {}  # admitted, first output not yet arrived
-        self._engines: dict[str, _EngineView] = {}
-        self.output_ratio = 1.0  # used / reserved tokens of finished requests, averaged
+        self.queue = TenantQueue()  # admitted, first output not yet arrived
+        self.ratios = OutputRatios()
+        self._engines: dict[str, EngineView] = {}
 
     # -- the queue as the gateway sees it ------------------------------------------------
 
     def queued_ahead(self, model: str, priority: int) -> tuple[int, int]:
         """(requests, tokens of work) waiting at `priority` or more urgent for `model`."""
-        self._sample()
-        engine = self._engine_ahead(model, priority)
-        cutoff = float("-inf") if engine is None else self._in_transit_cutoff(model)
-        n, tokens = engine or (0, 0)
-        # Newest first (dicts keep admission order): stop at the first the engine has seen.
-        for q in reversed(self._queued.values()):
-            if q.admitted_at < cutoff:
-                break
-            if q.model == model and q.priority <= priority:
-                n += 1
-                tokens += q.tokens
-        return n, tokens
+        waiting = self._waiting(model, priority).values()
+        return sum(n for n, _ in waiting), sum(t for _, t in waiting)
 
-    def enqueue(self, ticket: int, model: str, priority: int, tokens: int) -> None:
-        self._queued[ticket] = _Queued(model, priority, tokens, self.clock())
+    def enqueue(self, ticket: int, model: str, tenant: Tenant, tokens: int) -> None:
+        q = Queued(model, tenant.priority, tenant.name, tenant.weight, tokens, self.clock())
+        self.queue.add(ticket, q)
 
     def dequeue(self, ticket: int) -> bool:
         """The request started or ended; True if it had not started."""
-        return self._queued.pop(ticket, None) is not None
+        return self.queue.remove(ticket)
 
-    def observe_finish(self, reserved: int, used: int) -> None:
-        if reserved > 0 and used > 0:
-            self.output_ratio = _ema(self.output_ratio, min(1.0, used / reserved))
+    def observe_finish(
+        self, tenant: str, reserved: int, used: int, finish_reason: str | None
+    ) -> None:
+        self.ratios.observe(tenant, reserved, used, finish_reason)
 
     # -- decisions -----------------------------------------------------------------------
 
-    def check(self, model: str, priority: int) -> None:
-        """Cheap: refuse when the queue ahead is already at its request bound."""
-        self._check_count(model, priority, *self.queued_ahead(model, priority))
+    def check(self, model: str, tenant: Tenant) -> None:
+        """Cheap: refuse when the queue is at its request bound and the tenant at its share."""
+        self._check_count(model, self._ahead(model, tenant))
 
-    def admit(self, model: str, priority: int, tokens: int, timeout_s: float | None) -> None:
-        """Raise 503 when the request would exceed a queue bound or miss its deadline."""
-        n, ahead = self.queued_ahead(model, priority)
-        self._check_count(model, priority, n, ahead)
-        if self.max_queued_tokens is not None and ahead + tokens > self.max_queued_tokens:
-            raise overloaded(
-                f"server overloaded: {ahead} tokens are queued ahead, this request adds "
-                f"{tokens} (limit {self.max_queued_tokens}); retry later",
-                self._work_time(model, ahead + tokens - self.max_queued_tokens) or 1.0,
-            )
-        wait = self._wait(model, n, ahead)
+    def admit(self, model: str, tenant: Tenant, tokens: int) -> None:
+        """Raise 503 when the request would pass the tenant's share of a full queue bound, or
+        miss the tenant's queue deadline."""
+        a = self._ahead(model, tenant)
+        self._check_count(model, a)
+        self._check_tokens(model, a, tokens)
+        wait = self._wait(model, a, tokens)
+        timeout_s = tenant.queue_timeout_s
         if timeout_s is not None and wait is not None and wait > timeout_s:
             raise overloaded(
-                f"server overloaded: expected wait {wait:.1f} s ({n} requests queued ahead) "
+                f"server overloaded: expected wait {wait:.1f} s ({a.n} requests queued ahead) "
                 f"exceeds this tier's queue deadline of {timeout_s:g} s; retry later",
                 wait - timeout_s,
             )
 
-    def expected_wait(self, model: str, priority: int) -> float | None:
-        """Seconds until a new request would start; None before any throughput is measured."""
-        return self._wait(model, *self.queued_ahead(model, priority))
+    def expected_wait(self, model: str, tenant: Tenant, tokens: int = 0) -> float | None:
+        """Seconds until a new request of `tenant` would start; None before any throughput
+        is measured."""
+        return self._wait(model, self._ahead(model, tenant), tokens)
 
     def throughput(self, model: str) -> float | None:
         """Measured tokens per second of `model`'s engine (all models when not known)."""
         self._sample()
         return sum(v.rate() or 0.0 for v in self._views(model)) or None
 
-    # -- internals -----------------------------------------------------------------------
+    @property
+    def output_ratio(self) -> float:
+        """The share of reservations used, for a tenant without a history."""
+        return self.ratios.overall
 
-    def _views(self, model: str) -> list[_EngineView]:
+    # -- bounds --------------------------------------------------------------------------
+
+    def _check_count(self, model: str, a: Ahead) -> None:
+        bound = self.max_queued_requests
+        if bound is None or a.n < bound:
+            return
+        quota = a.request_quota(bound)
+        if not over_share(a.own.count, 1, quota):
+            return
+        if quota <= 0:
+            message = f"{a.urgent_n} requests of more urgent tiers are queued (limit {bound})"
+            retry = self._retry_after(model, a, a.tokens / a.n, fair=False)
+        else:
+            message = (
+                f"{a.n} requests are queued ahead (limit {bound}), {a.own.count} of them this "
+                f"tenant's, and its share is {quota}"
+            )
+            excess = (a.own.count + 1 - quota) * a.own.tokens / a.own.count
+            retry = self._retry_after(model, a, excess)
+        raise overloaded(f"server overloaded: {message}; retry later", retry)
+
+    def _check_tokens(self, model: str, a: Ahead, tokens: int) -> None:
+        bound = self.max_queued_tokens
+        if bound is None or a.tokens + tokens <= bound:
+            return
+        share = a.share(bound, a.urgent_tokens)
+        if not over_share(a.own.tokens, tokens, share):
+            return
+        raise overloaded(
+            f"server overloaded: {a.tokens} tokens are queued ahead, this request adds "
+            f"{tokens} (limit {bound}); this tenant's share is {share:.0f} tokens and it has "
+            f"{a.own.tokens} queued; retry later",
+            self._retry_after(model, a, a.own.tokens + tokens - share, fair=share > 0),
+        )
+
+    def _retry_after(self, model: str, a: Ahead, tokens: float, fair: bool = True) -> float:
+        """Seconds for `tokens` of this tenant's work to be served at its fair part of the
+        throughput (all of it when not `fair`); 1 while the throughput is unknown."""
+        rate = self.throughput(model)
+        if not rate or tokens <= 0:
+            return 1.0
+        part = a.weight / a.weights if fair else 1.0
+        return tokens * self.ratios.of(a.tenant) / (rate * part)
+
+    # -- the expected wait ---------------------------------------------------------------
+
+    def _wait(self, model: str, a: Ahead, tokens: int) -> float | None:
+        if a.n == 0 or a.tokens == 0:
+            return 0.0  # a slot is free, or a lower tier's request gives way
+        rate = self.throughput(model)
+        if not rate:
+            return None
+        levels = {p: self._level_work(model, p, t) for p, (_, t) in a.waiting.items()}
+        urgent = sum(w for p, w in levels.items() if p < a.priority)
+        slot = sum(levels.values()) / a.n  # one average request
+        return (urgent + self._fair_work(a, tokens) + slot) / rate
+
+    def _level_work(self, model: str, priority: int, tokens: int) -> float:
+        """`tokens` waiting at `priority`, at the output ratios of the tenants queued there."""
+        backlogs = self.queue.backlogs(model, priority)
+        reserved = sum(b.tokens for b in backlogs.values())
+        if reserved == 0:
+            return tokens * self.ratios.overall
+        used = sum(b.tokens * self.ratios.of(t) for t, b in backlogs.items())
+        return tokens * used / reserved
+
+    def _fair_work(self, a: Ahead, tokens: int) -> float:
+        """Work at the tenant's own priority that its new request waits behind."""
+        scale, unattributed = a.reconcile()
+        ratio = self.ratios.of
+        others = [(b.tokens * scale * ratio(t), b.weight) for t, b in a.others.items()]
+        others.append((unattributed * self.ratios.overall, a.weight))  # as one more tenant
+        own = a.own.tokens * scale * ratio(a.tenant)
+        return fair_wait(own, tokens * ratio(a.tenant), a.weight, others)
+
+    # -- gathering -----------------------------------------------------------------------
+
+    def _ahead(self, model: str, tenant: Tenant) -> Ahead:
+        backlogs = self.queue.backlogs(model, tenant.priority)
+        own = backlogs.get(tenant.name) or Backlog(tenant.weight)
+        others = {t: b for t, b in backlogs.items() if t != tenant.name}
+        waiting = self._waiting(model, tenant.priority)
+        return Ahead(tenant.name, tenant.weight, tenant.priority, waiting, own, others)
+
+    def _waiting(self, model: str, priority: int) -> dict[int, tuple[int, int]]:
+        """Priority -> (requests, tokens) really waiting, at `priority` or more urgent."""
+        self._sample()
+        views = self._views(model)
+        totals: dict[int, list[int]] = {}
+        cutoff = float("-inf")  # without engine reports: all the gateway has queued
+        if views and all(v.stats.waiting_by_priority is not None for v in views):
+            cutoff = min(v.in_transit_cutoff() for v in views)
+            for v in views:
+                for p, count, tokens in v.stats.waiting_by_priority or ():
+                    if p <= priority:
+                        _add(totals, p, count, tokens)
+        for p, (count, tokens) in self.queue.admitted_since(model, priority, cutoff).items():
+            _add(totals, p, count, tokens)
+        return {p: (n, t) for p, (n, t) in sorted(totals.items())}
+
+    def _views(self, model: str) -> list[EngineView]:
         """The engine serving `model`, or all engines when the name is not one of theirs."""
         view = self._engines.get(model)
         return [view] if view is not None else list(self._engines.values())
-
-    def _engine_ahead(self, model: str, priority: int) -> tuple[int, int] | None:
-        views = self._views(model)
-        if not views or any(v.stats.waiting_by_priority is None for v in views):
-            return None
-        n = work = 0
-        for v in views:
-            for p, count, tokens in v.stats.waiting_by_priority or ():
-                if p <= priority:
-                    n += count
-                    work += tokens
-        return n, work
-
-    def _in_transit_cutoff(self, model: str) -> float:
-        cutoffs = [v.seen[0] if len(v.seen) == 2 else float("-inf") for v in self._views(model)]
-        return min(cutoffs, default=float("-inf"))
-
-    def _check_count(self, model: str, priority: int, n: int, ahead: int) -> None:
-        if self.max_queued_requests is not None and n >= self.max_queued_requests:
-            raise overloaded(
-                f"server overloaded: {n} requests are queued ahead (limit "
-                f"{self.max_queued_requests}); retry later",
-                self._work_time(model, ahead // max(1, n)) or 1.0,  # about one request's work
-            )
-
-    def _wait(self, model: str, n: int, tokens_ahead: int) -> float | None:
-        if n == 0 or tokens_ahead == 0:
-            return 0.0  # a slot is free, or a lower tier's request gives way
-        return self._work_time(model, tokens_ahead + tokens_ahead // n)
-
-    def _work_time(self, model: str, tokens: int) -> float | None:
-        """Seconds for the engine to work off `tokens` (the share of them expected to be
-        used); None while its throughput is unknown."""
-        rate = self.throughput(model)
-        return tokens * self.output_ratio / rate if rate else None
 
     def _sample(self) -> None:
         """Take in the engines' latest reports (each new one once)."""
@@ -200,6 +224,12 @@ class LoadShedder:
             return
         now = self.clock()
         for model, st in self.stats_source().items():
-            view = self._engines.setdefault(model, _EngineView())
+            view = self._engines.setdefault(model, EngineView())
             if view.stats != st or not view.seen:
                 view.observe(st, now)
+
+
+def _add(totals: dict[int, list[int]], priority: int, count: int, tokens: int) -> None:
+    level = totals.setdefault(priority, [0, 0])
+    level[0] += count
+    level[1] += tokens
