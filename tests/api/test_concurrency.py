@@ -70,12 +70,12 @@ def test_clients_that_leave_are_aborted_and_free_their_kv_blocks(
     async def leave_while_waiting(i: int) -> None:
         async with httpx.AsyncClient(base_url=api_server.url, timeout=60) as c:
             try:
-                await asyncio.wait_for(
-                    c.post("/v1/generate", json={**long, "prompt": PROMPTS[i]}), 0.5
+                r = await asyncio.wait_for(
+                    c.post("/v1/generate", json={**long, "prompt": PROMPTS[i]}), 0.1
                 )
             except TimeoutError:
                 return
-        raise AssertionError("a 480-token request finished within 0.5 s; the test proves nothing")
+        raise AssertionError(f"a 480-token request ended within 0.1 s: {r.status_code} {r.text}")
 
     async def run() -> None:
         results = await asyncio.gather(

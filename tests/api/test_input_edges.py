@@ -132,4 +132,5 @@ def test_server_is_healthy_after_hostile_text(client: httpx.Client, api_server: 
     r = client.post("/v1/generate", json={"prompt": "hello", "max_tokens": 3})
     assert r.status_code == 200, r.text
     metrics = read_metrics(api_server.url)
-    assert metrics.get("vllm:num_requests_running", 0.0) == 0.0
+    assert metrics["headrace:num_requests_running"] == 0.0
+    assert metrics["headrace:kv_cache_used_blocks"] == 0.0
