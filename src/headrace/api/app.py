@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp
 
 from headrace.api import chat, generate, openai
 from headrace.api.arrival import ArrivalClock
@@ -50,8 +51,6 @@ def build_app(
     app.state.headrace = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
-    app.add_middleware(EarlyRefusal, state=state)
-    app.add_middleware(ArrivalClock)  # added last: runs first
     for module in (generate, openai, chat):
         app.include_router(module.router)
     app.include_router(replica_api.router)  # /v1/stats and what a front end routing here uses
@@ -61,6 +60,12 @@ def build_app(
     app.add_api_route("/metrics", metrics_route, methods=["GET"], include_in_schema=False)
     app.openapi = _openapi_without_422(app)  # type: ignore[method-assign]
     return app
+
+
+def front_door(app: FastAPI) -> ASGIApp:
+    """What the HTTP server runs: `app` behind the arrival clock and the refusals made from
+    the headers alone, both outside FastAPI's own middleware so that a refusal costs least."""
+    return ArrivalClock(EarlyRefusal(app, app.state.headrace))
 
 
 def _openapi_without_422(app: FastAPI) -> Callable[[], dict[str, Any]]:

@@ -13,6 +13,8 @@ model otherwise).
 
 from __future__ import annotations
 
+import json
+
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -24,7 +26,7 @@ GENERATION_ROUTES = frozenset({"/v1/generate", "/v1/completions", "/v1/chat/comp
 
 
 class EarlyRefusal:
-    """ASGI middleware in front of the app (inside the arrival clock and the size limit)."""
+    """ASGI middleware in front of the whole app (`headrace.api.app.front_door`)."""
 
     def __init__(self, app: ASGIApp, state: AppState) -> None:
         self.app = app
@@ -35,10 +37,15 @@ class EarlyRefusal:
         if refusal is None:
             await self.app(scope, receive, send)
             return
-        response = refusal.response()
-        # The body is left unread: close the connection so it is not parsed as a request.
-        response.headers["connection"] = "close"
-        await response(scope, receive, send)
+        body = json.dumps(refusal.body(), separators=(",", ":")).encode()
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                   for k, v in refusal.headers.items()]  # fmt: skip
+        headers += [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    # The body is left unread: close, so it is not parsed as a request.
+                    (b"connection", b"close")]  # fmt: skip
+        await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     def _refusal(self, scope: Scope) -> APIError | None:
         if scope["method"] != "POST" or scope["path"] not in GENERATION_ROUTES:

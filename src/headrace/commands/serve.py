@@ -20,7 +20,7 @@ from typing import Any
 
 import uvicorn
 
-from headrace.api.app import build_app
+from headrace.api.app import build_app, front_door
 from headrace.api.http_protocol import FrontDoorLimits, fit_fd_limit, uvicorn_options
 from headrace.api.state import AppState
 from headrace.config import (
@@ -135,7 +135,7 @@ def serve(
     state.metrics.add_collector(RouterMetrics(lambda: state.engines))
     fit_fd_limit(server_cfg.max_connections)
     config = uvicorn.Config(
-        app, host=server_cfg.host, port=server_cfg.port, workers=1, lifespan="on",
+        front_door(app), host=server_cfg.host, port=server_cfg.port, workers=1, lifespan="on",
         log_level=server_cfg.log_level, access_log=server_cfg.log_level == "debug",
         timeout_graceful_shutdown=5, timeout_keep_alive=30,
         **uvicorn_options(FrontDoorLimits.from_config(server_cfg)),

@@ -80,8 +80,12 @@ class LoadShedder:
     # -- decisions -----------------------------------------------------------------------
 
     def check(self, model: str, tenant: Tenant) -> None:
-        """Cheap: refuse when the queue is at its request bound and the tenant at its share."""
-        self._check_count(model, self._ahead(model, tenant))
+        """Cheap, before the prompt is known: refuse when the queue is at its request bound
+        and the tenant at its share, or when even a request of no work would miss the
+        tenant's queue deadline."""
+        a = self._ahead(model, tenant)
+        self._check_count(model, a)
+        self._check_wait(model, tenant, a, 0)
 
     def admit(self, model: str, tenant: Tenant, tokens: int) -> None:
         """Raise 503 when the request would pass the tenant's share of a full queue bound, or
@@ -89,6 +93,9 @@ class LoadShedder:
         a = self._ahead(model, tenant)
         self._check_count(model, a)
         self._check_tokens(model, a, tokens)
+        self._check_wait(model, tenant, a, tokens)
+
+    def _check_wait(self, model: str, tenant: Tenant, a: Ahead, tokens: int) -> None:
         wait = self._wait(model, a, tokens)
         timeout_s = tenant.queue_timeout_s
         if timeout_s is not None and wait is not None and wait > timeout_s:
