@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,6 +118,27 @@ def start_server(args: list[str], log_dir: Path, env: dict[str, str] | None = No
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     return Server(proc, f"http://127.0.0.1:{port}", log_path)
+
+
+def serving(
+    args: list[str], log_dir: Path, env: dict[str, str] | None = None, *, clean: bool = True
+) -> Iterator[Server]:
+    """A ready server for a fixture to `yield from`, stopped afterwards; with `clean`, it must
+    have exited cleanly (0, or the SIGTERM uvicorn re-raises after a clean stop)."""
+    server = start_server(args, log_dir, env)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        code = server.stop()
+    if clean:
+        assert code in (0, -signal.SIGTERM), server.log()
+
+
+def write_tenants(directory: Path, text: str) -> Path:
+    path = directory / "tenants.yaml"
+    path.write_text(text)
+    return path
 
 
 def tiny_server_args(model_dir: Path) -> list[str]:

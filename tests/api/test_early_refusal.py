@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.helpers import Server, make_tiny_llama, start_server, tiny_server_args
+from api.helpers import Server, make_tiny_llama, serving, tiny_server_args, write_tenants
 from headrace.gateway.auth import hash_key
 
 TENANTS = f"""
@@ -28,17 +28,11 @@ LONG = {"prompt": "Hello there", "max_tokens": 400, "ignore_eos": True, "stream"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp: Path = tmp_path_factory.mktemp("early")
-    tenants = tmp / "tenants.yaml"
-    tenants.write_text(TENANTS)
     args = tiny_server_args(make_tiny_llama(tmp / "tiny")) + [
-        "--tenants", str(tenants), "--max-num-seqs", "1", "--max-queued-requests", "1",
+        "--tenants", str(write_tenants(tmp, TENANTS)), "--max-num-seqs", "1",
+        "--max-queued-requests", "1",
     ]  # fmt: skip
-    srv = start_server(args, tmp)
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
+    yield from serving(args, tmp)
 
 
 def _broken(server: Server, key: str | None) -> httpx.Response:

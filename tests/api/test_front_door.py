@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.helpers import Server, start_server, tiny_server_args
+from api.helpers import Server, serving, tiny_server_args
 from headrace.api.prompts import MAX_CHAT_MESSAGES, encode_chat
 from headrace.config import ServerConfig
 
@@ -30,14 +30,9 @@ GENERATE = {"prompt": "Hello there", "max_tokens": 4, "temperature": 0}
 
 
 def _start(model_dir: Path, tmp: Path, extra: list[str]) -> Iterator[Server]:
-    server = start_server(tiny_server_args(model_dir) + extra, tmp)
-    try:
-        server.wait_ready()
+    for server in serving(tiny_server_args(model_dir) + extra, tmp):
         yield server
-    finally:
-        code = server.stop()
-    assert code == 0, server.log()
-    assert "Traceback" not in server.log(), server.log()
+        assert "Traceback" not in server.log(), server.log()
 
 
 @pytest.fixture(scope="module")

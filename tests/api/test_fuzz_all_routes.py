@@ -8,13 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import hypothesis
 import pytest
-import schemathesis
-from hypothesis import HealthCheck
 from schemathesis.checks import not_a_server_error
 
-from api.helpers import Server, make_tiny_llama, start_server, tiny_server_args
+from api.helpers import Server, make_tiny_llama, serving, tiny_server_args, write_tenants
+from api.test_schemathesis import run_schemathesis
 from headrace.gateway.auth import hash_key
 
 ADMIN = "fuzz-admin"
@@ -35,15 +33,9 @@ EVERY_ROUTE = {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp: Path = tmp_path_factory.mktemp("fuzz")
-    tenants = tmp / "tenants.yaml"
-    tenants.write_text(TENANTS)
+    tenants = write_tenants(tmp, TENANTS)
     args = tiny_server_args(make_tiny_llama(tmp / "tiny")) + ["--tenants", str(tenants)]
-    srv = start_server(args, tmp)
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        assert srv.stop() == 0, srv.log()
+    yield from serving(args, tmp)
 
 
 def _admin_stats(server: Server) -> dict[str, object]:
@@ -54,27 +46,9 @@ def _admin_stats(server: Server) -> dict[str, object]:
 
 
 def _fuzz(url: str, key: str | None) -> set[str]:
-    schema = schemathesis.openapi.from_url(url + "/openapi.json")
     headers = {"authorization": f"Bearer {key}"} if key else {}
-    seen: set[str] = set()
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        if operation.label not in EVERY_ROUTE:
-            continue
-        seen.add(operation.label)
-
-        @hypothesis.given(case=operation.as_strategy())
-        @hypothesis.settings(
-            max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-            suppress_health_check=list(HealthCheck), phases=[hypothesis.Phase.generate],
-        )  # fmt: skip
-        def check(case: schemathesis.Case) -> None:
-            case.call_and_validate(
-                base_url=url, checks=[not_a_server_error], headers=headers, timeout=60
-            )
-
-        check()
-    return seen
+    seen = run_schemathesis(url, EXAMPLES, EVERY_ROUTE, [not_a_server_error], headers)
+    return set(seen)
 
 
 @pytest.mark.parametrize("key", [ADMIN, TENANT, None], ids=["admin", "tenant", "no-key"])

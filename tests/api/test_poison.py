@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.helpers import Server, read_metrics, sse_events, start_server, tiny_server_args
+from api.helpers import Server, read_metrics, serving, sse_events, tiny_server_args
 
 POISON = 300
 GOOD = [
@@ -33,13 +33,7 @@ def poisoned_server(
     api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     env = {"HEADRACE_FAULT_POISON_TOKEN": str(POISON)}
-    server = start_server(tiny_server_args(api_model_dir), tmp_path_factory.mktemp("logs"), env)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        code = server.stop()
-    assert code == 0, server.log()
+    yield from serving(tiny_server_args(api_model_dir), tmp_path_factory.mktemp("logs"), env)
 
 
 async def _stream(c: httpx.AsyncClient, body: dict[str, object], started: asyncio.Event) -> str:

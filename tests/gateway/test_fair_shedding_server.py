@@ -8,13 +8,12 @@ requests again and again while it does. None of them may be refused.
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections import Counter
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from api.helpers import Server, make_tiny_llama, start_server, tiny_server_args
+from api.helpers import Server, make_tiny_llama, serving, tiny_server_args, write_tenants
 
 from headrace.gateway.auth import hash_key
 
@@ -34,18 +33,11 @@ LIGHT_BODY = {"prompt": "just one", "max_tokens": 4, "ignore_eos": True}
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("fair-shedding")
     model = make_tiny_llama(tmp / "tiny-llama")
-    tenants = tmp / "tenants.yaml"
-    tenants.write_text(TENANTS)
+    tenants = write_tenants(tmp, TENANTS)
     args = tiny_server_args(model) + [
         "--tenants", str(tenants), "--max-num-seqs", "2", "--max-queued-requests", str(BOUND),
     ]  # fmt: skip
-    srv = start_server(args, tmp)
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        code = srv.stop()
-    assert code in (0, -signal.SIGTERM), srv.log()
+    yield from serving(args, tmp)
 
 
 def auth(key: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api.helpers import Server, make_tiny_llama, sse_events, start_server, tiny_server_args
+from api.helpers import Server, make_tiny_llama, serving, sse_events, tiny_server_args
 from tokenizers import Tokenizer
 
 from headrace.gateway.auth import hash_key
@@ -38,15 +38,6 @@ def tenants(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("internal-tenants") / "tenants.yaml"
     path.write_text(TENANTS)
     return path
-
-
-def serving(args: list[str], log_dir: Path) -> Iterator[Server]:
-    server = start_server(args, log_dir)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
