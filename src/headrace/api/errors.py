@@ -137,7 +137,8 @@ def describe_validation_errors(errors: Sequence[Any]) -> tuple[str, str | None]:
         field = ".".join(_field_path(err.get("loc", ())))
         if param is None and field:
             param = field
-        part = f"{field or 'body'}: {err.get('msg', 'invalid value')}"
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        part = f"{field or 'body'}: {msg}"
         if part not in parts:
             parts.append(part)
     return "; ".join(parts) or "invalid request", param
