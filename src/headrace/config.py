@@ -20,7 +20,10 @@ def _f(default: Any, help: str) -> Any:
 class ModelConfig:
     model: str | None = _f(None, "GGUF file or Hugging Face directory (default: Gemma 3 270M)")
     served_model_name: str | None = _f(None, "name clients use in `model` (default: derived)")
-    dtype: str = _f("auto", "float32 | bfloat16 | float16 | auto (bf16 on CUDA, fp32 on CPU)")
+    dtype: str = _f(
+        "auto",
+        "float32 | bfloat16 | float16 | auto (bf16 on CUDA and CPUs with native bf16, else fp32)",
+    )
     device: str = _f("auto", "cpu | cuda | auto")
     max_model_len: int | None = _f(None, "cap on prompt + output tokens (default: model's)")
     num_threads: int | None = _f(None, "torch CPU threads (default: torch's choice)")

@@ -104,3 +104,23 @@ def test_model_path_that_does_not_exist(tmp_path: Path) -> None:
 
     with pytest.raises(ModelLoadError, match="no such"):
         ModelRunner(ModelConfig(model=str(tmp_path / "nope")), CacheConfig())
+
+
+@pytest.mark.parametrize(
+    ("flags", "device", "expected"),
+    [
+        ("fpu avx512f avx512_bf16 avx512_vnni", "cpu", torch.bfloat16),
+        ("fpu amx_bf16 amx_tile", "cpu", torch.bfloat16),
+        ("fpu avx2 avx512f", "cpu", torch.float32),
+        ("fpu avx2", "cuda", torch.bfloat16),
+    ],
+)
+def test_auto_dtype_is_bf16_only_where_it_is_native(
+    tmp_path: Path, flags: str, device: str, expected: torch.dtype
+) -> None:
+    from headrace.engine.model_runner import pick_dtype
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert pick_dtype("auto", torch.device(device), cpuinfo) == expected
+    assert pick_dtype("float32", torch.device(device), cpuinfo) == torch.float32

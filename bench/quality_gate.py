@@ -1,0 +1,121 @@
+"""Quality gate of a lossy setting (bf16, fp16) against the fp32 path, on Headrace's own runner.
+
+- Perplexity on a held-out English text shipped with the tests (`tests/data/heldout_gpl3.txt`,
+  the GPL-3 licence text, ~7k tokens), in windows of `--window` tokens, each scored by one
+  prefill through the paged-KV model path (every position's next-token log-probability).
+- Greedy agreement on a fixed prompt set (`tests/data/gate_prompts.txt`, 200 sentence openings
+  from other licence texts) × `--max-tokens` greedy tokens: the share of prompts whose output
+  is identical to fp32's, and the mean share of tokens before the first difference.
+
+Prints JSON and writes it under --out. A lossy setting may be a default only with perplexity
+within +1% of fp32 (docs/performance.md).
+
+    .venv/bin/python bench/quality_gate.py                        # fp32 vs bf16, Gemma 3 270M
+    .venv/bin/python bench/quality_gate.py --dtypes float32,float16 --prompts 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
+from headrace.engine.llm import LLM
+from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.step_inputs import build_step_inputs
+from headrace.request import SamplingParams
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+
+
+def perplexity(llm: LLM, ids: list[int], window: int) -> tuple[float, int]:
+    """exp(mean NLL) over every position of `ids` scored in windows; returns (ppl, tokens)."""
+    runner: Any = llm.core.runner
+    nll, count = 0.0, 0
+    for start in range(0, len(ids) - 1, window):
+        chunk = ids[start : start + window + 1]
+        if len(chunk) < 2:
+            break
+        inputs, targets = chunk[:-1], torch.tensor(chunk[1:])
+        blocks = list(range(math.ceil(len(inputs) / runner.block_size)))
+        req = ScheduledRequest("ppl", inputs, 0, blocks, True, SamplingParams(), 0)
+        runner.kv_cache.prepare(blocks)
+        step = build_step_inputs(
+            [req], runner.block_size, runner.model.args.windows, runner.device, runner.dtype
+        )
+        with torch.inference_mode():
+            hidden = runner.model(step.input_ids, step.positions, runner.kv_cache.layers, step.meta)
+            for r0 in range(0, len(inputs), 128):  # [128, V] logits at a time: 262k vocab
+                logits = runner.model.compute_logits(hidden[r0 : r0 + 128]).float()
+                lp = torch.log_softmax(logits, dim=-1)
+                t = targets[r0 : r0 + 128].to(lp.device)
+                nll -= float(lp.gather(1, t[:, None]).sum())
+                count += len(t)
+    return math.exp(nll / count), count
+
+
+def greedy(llm: LLM, prompts: list[str], max_tokens: int) -> list[list[int]]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return [out.token_ids for out in llm.generate(prompts, params)]
+
+
+def agreement(ref: list[list[int]], got: list[list[int]]) -> dict[str, float]:
+    same = sum(a == b for a, b in zip(ref, got, strict=True))
+    prefix = []
+    for a, b in zip(ref, got, strict=True):
+        k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
+        prefix.append(k / max(1, len(a)))
+    return {"identical_share": same / len(ref), "mean_agreeing_prefix": sum(prefix) / len(ref)}
+
+
+def evaluate(dtype: str, args: argparse.Namespace, text: str, prompts: list[str]) -> dict[str, Any]:
+    t0 = time.monotonic()
+    llm = LLM(
+        ModelConfig(model=args.model, dtype=dtype, device="cpu", max_model_len=args.window + 64),
+        CacheConfig(num_kv_blocks=2048),
+        SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=1024),
+    )
+    ids = llm.tokenizer.encode(text, add_special_tokens=True)
+    ppl, n = perplexity(llm, ids, args.window)
+    outputs = greedy(llm, prompts, args.max_tokens)
+    return {"dtype": dtype, "perplexity": ppl, "scored_tokens": n, "outputs": outputs,
+            "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default=None, help="default: the embedded Gemma 3 270M")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="the first is the reference")
+    p.add_argument("--prompts", type=int, default=200)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--window", type=int, default=512)
+    p.add_argument("--out", type=Path, default=Path("bench/out/quality_gate"))
+    args = p.parse_args()
+    text = (DATA / "heldout_gpl3.txt").read_text()
+    prompts = (DATA / "gate_prompts.txt").read_text().splitlines()[: args.prompts]
+    results = [evaluate(d, args, text, prompts) for d in args.dtypes.split(",")]
+    ref = results[0]
+    report = []
+    for r in results:
+        report.append({
+            "dtype": r["dtype"], "perplexity": round(r["perplexity"], 4),
+            "perplexity_vs_reference": round(r["perplexity"] / ref["perplexity"] - 1, 5),
+            "scored_tokens": r["scored_tokens"], "prompts": len(prompts),
+            "max_tokens": args.max_tokens, **agreement(ref["outputs"], r["outputs"]),
+            "gate_ppl_within_1pct": r["perplexity"] <= ref["perplexity"] * 1.01,
+            "seconds": r["seconds"],
+        })  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    text_out = json.dumps({"reference": ref["dtype"], "results": report}, indent=2)
+    (args.out / "quality_gate.json").write_text(text_out)
+    print(text_out)
+
+
+if __name__ == "__main__":
+    main()
