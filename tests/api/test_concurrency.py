@@ -67,21 +67,26 @@ def test_clients_that_leave_are_aborted_and_free_their_kv_blocks(
                         return seen  # closing the response drops the connection
         return seen
 
-    async def leave_while_waiting(i: int) -> None:
+    async def leave_while_waiting(i: int) -> bool:
+        """True if it left before its answer came (the answer of a fast step may not wait)."""
         async with httpx.AsyncClient(base_url=api_server.url, timeout=60) as c:
             try:
-                r = await asyncio.wait_for(
-                    c.post("/v1/generate", json={**long, "prompt": PROMPTS[i]}), 0.1
+                await asyncio.wait_for(
+                    c.post("/v1/generate", json={**long, "prompt": PROMPTS[i]}), 0.25
                 )
             except TimeoutError:
-                return
-        raise AssertionError(f"a 480-token request ended within 0.1 s: {r.status_code} {r.text}")
+                return True
+        return False
+
+    gone: list[bool] = []
 
     async def run() -> None:
         results = await asyncio.gather(
             *(leave_mid_stream(i) for i in range(20)), *(leave_while_waiting(i) for i in range(5))
         )
         assert results[:20] == [3] * 20
+        gone.extend(bool(x) for x in results[20:])
+        assert any(gone), "every 480-token request finished within 0.25 s: this proves nothing"
 
     asyncio.run(run())
     left = time.monotonic()
@@ -97,6 +102,6 @@ def test_clients_that_leave_are_aborted_and_free_their_kv_blocks(
             break
         time.sleep(0.05)
     assert idle, {k: v for k, v in m.items() if "num_requests" in k or "kv_cache" in k}
-    assert _aborts(api_server.url) - aborts_before == 25
+    assert _aborts(api_server.url) - aborts_before == 20 + sum(gone)
     r = client.post("/v1/generate", json={"prompt": "still there?", "max_tokens": 4})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
