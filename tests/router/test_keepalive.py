@@ -10,11 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fake_engine import FakeEngine
 
 from headrace.api.app import build_app
 from headrace.config import ServerConfig
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.outputs import StepStats
 from headrace.gateway.access import InternalAccess
 from headrace.gateway.base import OpenGateway
 from headrace.request import FinishReason, SamplingParams
@@ -28,14 +28,8 @@ class Vocab:
     vocab_size = 100
 
 
-class SlowEngine:
-    model_name = "m"
-    max_model_len = 64
+class SlowEngine(FakeEngine):
     tokenizer = Vocab()
-    is_healthy = True
-
-    def stats(self) -> StepStats:
-        return StepStats()
 
     async def generate(
         self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -44,12 +38,6 @@ class SlowEngine:
         for i, reason in enumerate((None, FinishReason.LENGTH)):
             await asyncio.sleep(GAP_S)  # waiting in a queue, then a slow step
             yield GenerationChunk(request_id, f"t{i}", [i + 3], reason, completion_tokens=i + 1)
-
-    async def abort(self, request_id: str) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
 
 @pytest.fixture

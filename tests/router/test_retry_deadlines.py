@@ -8,8 +8,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+from fake_engine import FakeEngine
+
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.outputs import StepStats
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.replica import Replica
 from headrace.router.router import Router
@@ -17,24 +18,12 @@ from headrace.router.router import Router
 SPENT_S = 0.2  # how long the first replica takes to fail
 
 
-class FakeEngine:
+class FailingEngine(FakeEngine):
     """Fails (and goes unhealthy) after `fail_after_s`, or records the options and finishes."""
 
     def __init__(self, fail_after_s: float | None = None) -> None:
         self.fail_after_s = fail_after_s
-        self.healthy = True
         self.seen: list[GenerateOptions] = []
-
-    model_name = "m"
-    max_model_len = 64
-    tokenizer = None
-
-    @property
-    def is_healthy(self) -> bool:
-        return self.healthy
-
-    def stats(self) -> StepStats:
-        return StepStats()
 
     async def generate(
         self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -49,15 +38,9 @@ class FakeEngine:
             return
         yield GenerationChunk(request_id, "x", [3], FinishReason.LENGTH, completion_tokens=1)
 
-    async def abort(self, request_id: str) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
 
 def run_retry(options: GenerateOptions) -> tuple[GenerateOptions, list[GenerationChunk]]:
-    failing, healthy = FakeEngine(fail_after_s=SPENT_S), FakeEngine()
+    failing, healthy = FailingEngine(fail_after_s=SPENT_S), FailingEngine()
     router = Router("m", [Replica("m/0", failing), Replica("m/1", healthy)])
     router.policy.choose = lambda candidates: candidates[0]  # type: ignore[method-assign]
 
