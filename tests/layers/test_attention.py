@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.step_inputs import build_step_inputs
+from headrace.kernels.paged_decode import supported
 from headrace.layers.attention import paged_attention
 from headrace.request import SamplingParams
 
@@ -32,8 +33,11 @@ def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None)
     return o.transpose(0, 1).flatten(1)
 
 
+@pytest.mark.parametrize("paged_kernel", [False, True], ids=["torch", "kernel"])
 @pytest.mark.parametrize("window", [None, 5])
-def test_chunks_and_decodes_match_dense(window: int | None) -> None:
+def test_chunks_and_decodes_match_dense(window: int | None, paged_kernel: bool) -> None:
+    if paged_kernel and not supported(torch.device("cpu"), torch.float32):
+        pytest.skip("no C compiler: CPU kernels unavailable")
     gen = torch.Generator().manual_seed(0)
     rng = random.Random(0)
     lengths = [1, 6, 13, 20]
@@ -63,7 +67,9 @@ def test_chunks_and_decodes_match_dense(window: int | None) -> None:
                 sched.append(
                     ScheduledRequest(str(i), ids, done[i], tables[i], True, SamplingParams(), 0)
                 )
-        inputs = build_step_inputs(sched, BS, [window], torch.device("cpu"))
+        inputs = build_step_inputs(
+            sched, BS, [window], torch.device("cpu"), paged_kernel=paged_kernel
+        )
         order = [int(r.request_id) for r in inputs.sampled]  # the batch's row order
         rows = [
             (i, done[i], done[i] + len(r.token_ids))

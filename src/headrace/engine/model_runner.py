@@ -15,6 +15,7 @@ from headrace.engine.kv_cache import KVCache, blocks_for_budget
 from headrace.engine.outputs import RunnerOutput, SchedulerOutput, TokenLogprobs
 from headrace.engine.sampler import Sampler
 from headrace.engine.step_inputs import build_step_inputs
+from headrace.kernels.paged_decode import supported as paged_decode_supported
 from headrace.loader.cache import resolve_model
 from headrace.loader.hf import load_model, read_config, read_json
 from headrace.loader.tokenizer import Tokenizer
@@ -144,6 +145,7 @@ class ModelRunner:
         self.eos_token_ids = tuple(dict.fromkeys(i for i in eos if 0 <= i < self.vocab_size))
         self.sampler = Sampler()
         self.poison_token = _poison_token_from_env()
+        self.paged_kernel = paged_decode_supported(self.device, self.dtype)
         log.info(
             "runner ready: %s, %d KV blocks of %d tokens (%.2f GiB), max_model_len %d",
             model_name,
@@ -161,7 +163,12 @@ class ModelRunner:
             self._inject_fault(out, self.poison_token)
         self.kv_cache.prepare(b for req in out.scheduled for b in req.block_ids)
         inputs = build_step_inputs(
-            out.scheduled, self.block_size, self.model.args.windows, self.device, self.dtype
+            out.scheduled,
+            self.block_size,
+            self.model.args.windows,
+            self.device,
+            self.dtype,
+            paged_kernel=self.paged_kernel,
         )
         with torch.inference_mode():
             hidden = self.model(

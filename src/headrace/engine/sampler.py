@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from headrace.engine.outputs import ScheduledRequest, TokenLogprobs
+from headrace.kernels.argmax import argmax_rows
 from headrace.request import GREEDY_BELOW_TEMPERATURE
 
 
@@ -69,8 +70,8 @@ class Sampler:
 
 
 def _argmax(x: torch.Tensor) -> torch.Tensor:
-    """[R, V] -> [R]: the first maximum, like argmax; max() is 2-4x faster on the CPU."""
-    return x.max(dim=-1).indices
+    """[R, V] -> [R]: the first maximum, like argmax."""
+    return argmax_rows(x)
 
 
 def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:

@@ -31,9 +31,11 @@ def build_step_inputs(
     windows: Sequence[Window],
     device: torch.device,
     mask_dtype: torch.dtype | None = None,
+    paged_kernel: bool = False,
 ) -> StepInputs:
     """`mask_dtype`: decode masks as additive float masks of the queries' dtype, converted once
-    here rather than by every layer's attention call (None: boolean masks)."""
+    here rather than by every layer's attention call (None: boolean masks). `paged_kernel`:
+    decodes get the bounds of the in-place kernel instead of masks."""
     decodes = [s for s in scheduled if len(s.token_ids) == 1]
     chunks = [s for s in scheduled if len(s.token_ids) > 1]
     ordered = decodes + chunks
@@ -60,7 +62,7 @@ def build_step_inputs(
     meta = AttentionMetadata(
         slot_mapping=_tensor(slots, device),
         num_decodes=len(decodes),
-        decode_views=_decode_views(decodes, block_size, windows, device, mask_dtype)
+        decode_views=_decode_views(decodes, block_size, windows, device, mask_dtype, paged_kernel)
         if decodes
         else {},
         prefills=prefills,
@@ -99,8 +101,10 @@ def _decode_views(
     windows: Sequence[Window],
     device: torch.device,
     mask_dtype: torch.dtype | None,
+    paged_kernel: bool,
 ) -> dict[Window, KVView]:
-    """For each window: padded block tables [B, nb] and masks [B, 1, 1, nb * bs]."""
+    """For each window: padded block tables [B, nb] and masks [B, 1, 1, nb * bs], or the
+    kernel's bounds [3, B] in place of the masks."""
     last = torch.tensor([d.start_pos for d in decodes], dtype=torch.int64)  # query positions
     views: dict[Window, KVView] = {}
     for window in windows:
@@ -111,6 +115,10 @@ def _decode_views(
         ]
         width = max(len(r) for r in rows)
         table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int64)
+        if paged_kernel:
+            bounds = _bounds(decodes, firsts, block_size, window)
+            views[window] = KVView(table.to(device), None, bounds)
+            continue
         offsets = torch.arange(width * block_size, dtype=torch.int64)
         pos = torch.tensor(firsts, dtype=torch.int64)[:, None] * block_size + offsets  # [B, L]
         mask = pos <= last[:, None]
@@ -121,6 +129,15 @@ def _decode_views(
             mask = torch.zeros(mask.shape, dtype=mask_dtype).masked_fill(~mask, float("-inf"))
         views[window] = KVView(table.to(device), mask.to(device))
     return views
+
+
+def _bounds(
+    decodes: list[ScheduledRequest], firsts: list[int], block_size: int, window: Window
+) -> torch.Tensor:
+    """[3, B]: position of each table's first slot, first and one-past-last visible position."""
+    his = [d.start_pos + 1 for d in decodes]
+    los = [0 if window is None else max(0, h - window) for h in his]
+    return torch.tensor([[f * block_size for f in firsts], los, his], dtype=torch.int64)
 
 
 def _prefill_view(

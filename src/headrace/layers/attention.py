@@ -3,7 +3,8 @@
 The KV pool of one layer is `[num_blocks, block_size, num_kv_heads, head_dim]`; a sequence's
 tokens live in the blocks of its block table. Each step, new K/V go to their slots, then:
 
-* all single-token queries (decodes) attend in one batched call over their gathered blocks,
+* all single-token queries (decodes) attend in one call: on the CPU through a kernel that reads
+  the blocks in place (kernels/paged_decode.py), elsewhere by SDPA over their gathered blocks,
   masked by context length (and window);
 * each multi-token chunk (prefill) attends on its own with `scaled_dot_product_attention`.
 
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from headrace.kernels.paged_decode import paged_decode
+
 Window = int | None  # None: full attention
 
 
@@ -27,6 +30,9 @@ class KVView:
     block_table: torch.Tensor  # [B, num_blocks] (decode) or [num_blocks] (prefill), int64
     # True = attend (or additive 0 / -inf): [B, 1, 1, L] (decode) or [q_len, L] (prefill)
     mask: torch.Tensor | None
+    # decode through the in-place kernel instead of a mask: [3, B] int64 (base, lo, hi), see
+    # kernels/paged_decode.py
+    bounds: torch.Tensor | None = None
 
 
 @dataclass
@@ -96,6 +102,8 @@ def _decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, view: KVView, scale: float
 ) -> torch.Tensor:
     """q [B, Hq, D] -> [B, Hq, D]: one query per sequence, all sequences in one call."""
+    if view.bounds is not None:
+        return paged_decode(q, k_cache, v_cache, view.block_table, view.bounds, scale)
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
     keys = _gather(k_cache, view.block_table)  # [B, Hkv, L, D]

@@ -14,16 +14,10 @@ from typing import Any
 
 from headrace.loader.errors import ModelLoadError
 from headrace.loader.gguf import CONVERTER_VERSION, convert_gguf
+from headrace.paths import cache_root
 
 log = logging.getLogger(__name__)
 COMPLETE = ".complete"
-
-
-def cache_root() -> Path:
-    if env := os.environ.get("HEADRACE_CACHE"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "headrace"
 
 
 def file_digest(path: Path, root: Path | None = None) -> str:

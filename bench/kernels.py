@@ -1,0 +1,87 @@
+"""The CPU kernels against the torch paths they replace, on Gemma 3 270M's shapes. Prints JSON.
+
+    .venv/bin/python bench/kernels.py
+
+* decode attention, one layer (Hq 4, Hkv 1, D 256, block 16, bf16): the in-place kernel vs the
+  torch path (gather the blocks with index_select, then SDPA with a mask), at several batch
+  sizes and context lengths; the ratio is torch time / kernel time;
+* greedy argmax over [R, 262144] bf16 logits: the kernel vs `max(dim=-1)`.
+
+Each figure is the best of several rounds, the two sides alternating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import torch
+
+from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.step_inputs import build_step_inputs
+from headrace.kernels.argmax import argmax_rows
+from headrace.layers.attention import _decode
+from headrace.request import SamplingParams
+
+HQ, HKV, D, BS, VOCAB = 4, 1, 256, 16, 262144
+
+
+def best_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def decode_case(batch: int, context: int, repeats: int) -> dict[str, float]:
+    blocks = -(-(context + 1) // BS)
+    k_cache = torch.randn(batch * blocks + 1, BS, HKV, D).bfloat16()
+    v_cache = torch.randn_like(k_cache)
+    perm = (torch.randperm(batch * blocks) + 1).view(batch, blocks).tolist()
+    sched = [
+        ScheduledRequest(str(i), [0], context, perm[i], True, SamplingParams(), 0)
+        for i in range(batch)
+    ]
+    cpu = torch.device("cpu")
+    views = {
+        kernel: build_step_inputs(sched, BS, [None], cpu, torch.bfloat16, kernel).meta
+        for kernel in (False, True)
+    }
+    q = torch.randn(batch, HQ, D).bfloat16()
+    ms = {
+        kernel: best_ms(
+            lambda m=m: _decode(q, k_cache, v_cache, m.decode_views[None], D**-0.5), repeats
+        )
+        for kernel, m in views.items()
+    }
+    return {"torch_ms": ms[False], "kernel_ms": ms[True], "ratio": ms[False] / ms[True]}
+
+
+def argmax_case(rows: int, repeats: int) -> dict[str, float]:
+    x = torch.randn(rows, VOCAB).bfloat16()
+    torch_ms = best_ms(lambda: x.max(dim=-1).indices, repeats)
+    kernel_ms = best_ms(lambda: argmax_rows(x), repeats)
+    return {"torch_ms": torch_ms, "kernel_ms": kernel_ms, "ratio": torch_ms / kernel_ms}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    report: dict[str, object] = {"threads": torch.get_num_threads()}
+    report["decode_attention_per_layer"] = {
+        f"batch{b}_ctx{c}": decode_case(b, c, args.repeats)
+        for b in (1, 8, 32)
+        for c in (300, 1000)
+    }
+    report["greedy_argmax"] = {f"rows{r}": argmax_case(r, args.repeats) for r in (1, 8, 32)}
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Compile `cpu_kernels.c` with the machine's C compiler once, cache the library, load it.
+
+A plain C library through ctypes rather than a torch C++ extension: it builds in about 0.4 s
+(no torch headers), so the first start ever stays fast, and a later start loads it from the
+cache. ctypes releases the GIL during each call, so the front end's thread keeps running.
+`-march=native`: the library is built on, and for, the machine that runs it.
+
+Without a compiler (or with `HEADRACE_CPU_KERNELS=0`) `cpu_kernels()` is None and callers take
+their torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch  # noqa: F401  (loaded first: the library then shares torch's OpenMP runtime)
+
+from headrace.paths import cache_root
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC"]
+I64, F32, PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+def enabled() -> bool:
+    return os.environ.get("HEADRACE_CPU_KERNELS", "1") not in ("0", "false", "no", "off")
+
+
+@functools.cache
+def cpu_kernels() -> ctypes.CDLL | None:
+    """The loaded library, or None where it cannot be built here."""
+    if not enabled():
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.warning("no C compiler found: CPU kernels off, torch paths used")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_built(compiler)))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("CPU kernels unavailable (%s): torch paths used", e)
+        return None
+    _declare(lib)
+    return lib
+
+
+def _built(compiler: str) -> Path:
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + compiler.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = cache_root() / "kernels" / f"cpu_kernels-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: replicas starting together never load a half file.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run(
+            [compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("built CPU kernels %s", target)
+    return target
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    for name in ("paged_decode_bf16", "paged_decode_f32"):
+        fn = getattr(lib, name)
+        fn.argtypes = [PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, I64, I64, I64, I64, I64, F32, PTR]
+        fn.restype = ctypes.c_int
+    for name in ("argmax_bf16", "argmax_f32"):
+        fn = getattr(lib, name)
+        fn.argtypes = [PTR, I64, I64, PTR]
+        fn.restype = None

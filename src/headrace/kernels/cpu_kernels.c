@@ -1,0 +1,231 @@
+/* CPU kernels of the decode step, loaded through ctypes (see build.py).
+ *
+ * Built at first use with the machine's own compiler (-O3 -march=native -fopenmp). Threads come
+ * from the OpenMP runtime torch has already loaded, so they are torch's own pool: no second
+ * pool competes for the cores. Every kernel has a bf16 and an fp32 variant, sharing one body.
+ *
+ * bf16 is stored as its top 16 bits of an IEEE float; loads widen exactly, stores round to
+ * nearest even (as torch does).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float bf16_load(const uint16_t *p, int64_t i) {
+    uint32_t bits = (uint32_t)p[i] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline void bf16_store(uint16_t *p, int64_t i, float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) { /* NaN stays a quiet NaN */
+        p[i] = (uint16_t)((bits >> 16) | 0x40u);
+        return;
+    }
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    p[i] = (uint16_t)(bits >> 16);
+}
+
+static inline float f32_load(const float *p, int64_t i) { return p[i]; }
+static inline void f32_store(float *p, int64_t i, float f) { p[i] = f; }
+
+/* 16 lanes of fp32 from 16 stored values (AVX-512), and how many lanes a chunk has. */
+#ifdef __AVX512F__
+#include <immintrin.h>
+#define LANES 16
+static inline __m512 bf16_load16(const uint16_t *p) {
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+static inline __m512 f32_load16(const float *p) { return _mm512_loadu_ps(p); }
+#endif
+
+/* Decode attention over a paged KV cache: one query token per sequence, read in place.
+ *
+ * q      [B, Hq, D]          the step's queries
+ * kc, vc [N, bs, Hkv, D]     one layer's pools
+ * tables [B, W] int64        block ids; tables[b][0] holds position base[b]
+ * base   [B] int64           position of the first slot of tables[b][0]
+ * lo, hi [B] int64           sequence b attends to positions [lo, hi)   (hi - lo >= 1)
+ * out    [B, Hq, D]
+ * Query heads h with h / (Hq / Hkv) == g share KV head g (grouped-query attention).
+ * Exact softmax: all scores of a (sequence, KV head) pair first, then the weighted sum of V.
+ * One task per (sequence, KV head); the AVX-512 path keeps G query rows' sums in registers
+ * (G = 1, 2, 4 or 8 and D a multiple of 16), the portable path covers every other shape.
+ */
+#define MAXG 8
+
+#ifdef __AVX512F__
+/* s[g * n + i] = q_g . k_i for the n rows at kc + off[i]; qf [G, D] fp32. */
+#define DEFINE_SCORES16(NAME, T, LOAD16)                                                      \
+    static inline __attribute__((always_inline)) void NAME(                                  \
+        const float *qf, const T *kc, const int64_t *off, int64_t n, int64_t D, int G,       \
+        float *s) {                                                                          \
+        for (int64_t i = 0; i < n; i++) {                                                    \
+            const T *k = kc + off[i];                                                        \
+            __m512 acc[MAXG];                                                                \
+            for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();                       \
+            for (int64_t c = 0; c < D; c += LANES) {                                         \
+                const __m512 kf = LOAD16(k + c);                                             \
+                for (int g = 0; g < G; g++)                                                  \
+                    acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(qf + g * D + c), kf, acc[g]);  \
+            }                                                                                \
+            for (int g = 0; g < G; g++) s[g * n + i] = _mm512_reduce_add_ps(acc[g]);         \
+        }                                                                                    \
+    }
+/* acc [G, D] = sum_i w[g * n + i] * v_i, one 16-wide column chunk at a time in registers. */
+#define DEFINE_WSUM16(NAME, T, LOAD16)                                                        \
+    static inline __attribute__((always_inline)) void NAME(                                  \
+        const float *w, const T *vc, const int64_t *off, int64_t n, int64_t D, int G,        \
+        float *acc) {                                                                        \
+        for (int64_t c = 0; c < D; c += LANES) {                                             \
+            __m512 a[MAXG];                                                                  \
+            for (int g = 0; g < G; g++) a[g] = _mm512_setzero_ps();                         \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                const __m512 vf = LOAD16(vc + off[i] + c);                                   \
+                for (int g = 0; g < G; g++)                                                  \
+                    a[g] = _mm512_fmadd_ps(_mm512_set1_ps(w[g * n + i]), vf, a[g]);          \
+            }                                                                                \
+            for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + g * D + c, a[g]);             \
+        }                                                                                    \
+    }
+DEFINE_SCORES16(scores16_bf16, uint16_t, bf16_load16)
+DEFINE_SCORES16(scores16_f32, float, f32_load16)
+DEFINE_WSUM16(wsum16_bf16, uint16_t, bf16_load16)
+DEFINE_WSUM16(wsum16_f32, float, f32_load16)
+/* A constant G in each call lets the compiler unroll the g loops and keep acc in registers. */
+#define DISPATCH_G(FN, G, ...)                                                                \
+    switch (G) {                                                                             \
+    case 1: FN(__VA_ARGS__, 1, _out); break;                                                 \
+    case 2: FN(__VA_ARGS__, 2, _out); break;                                                 \
+    case 4: FN(__VA_ARGS__, 4, _out); break;                                                 \
+    default: FN(__VA_ARGS__, 8, _out); break;                                                \
+    }
+#define FAST_OK(G, D) ((D) % LANES == 0 && ((G) == 1 || (G) == 2 || (G) == 4 || (G) == 8))
+#else
+#define FAST_OK(G, D) 0
+#endif
+
+#define DEFINE_PAGED_DECODE(NAME, T, LOAD, STORE, SCORES16, WSUM16)                           \
+    int NAME(const T *q, const T *kc, const T *vc, const int64_t *tables, int64_t width,     \
+             const int64_t *base, const int64_t *lo, const int64_t *hi, int64_t B,           \
+             int64_t Hq, int64_t Hkv, int64_t D, int64_t bs, float scale, T *out) {          \
+        const int64_t G = Hq / Hkv;                                                          \
+        const int fast = FAST_OK(G, D);                                                      \
+        int failed = 0;                                                                      \
+        _Pragma("omp parallel for schedule(dynamic, 1) reduction(| : failed)")              \
+        for (int64_t task = 0; task < B * Hkv; task++) {                                     \
+            const int64_t b = task / Hkv, h = task % Hkv, n = hi[b] - lo[b];                 \
+            float *qf = malloc(sizeof(float) * (size_t)(2 * G * D + G * n) +                 \
+                               sizeof(int64_t) * (size_t)n);                                 \
+            if (!qf) {                                                                       \
+                failed = 1;                                                                  \
+                continue;                                                                    \
+            }                                                                                \
+            float *acc = qf + G * D, *s = acc + G * D;                                       \
+            int64_t *off = (int64_t *)(s + G * n);                                           \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                const int64_t rel = lo[b] + i - base[b];                                     \
+                const int64_t slot = tables[b * width + rel / bs] * bs + rel % bs;           \
+                off[i] = (slot * Hkv + h) * D;                                               \
+            }                                                                                \
+            for (int64_t g = 0; g < G; g++)                                                  \
+                for (int64_t d = 0; d < D; d++)                                              \
+                    qf[g * D + d] = LOAD(q, (b * Hq + h * G + g) * D + d) * scale;           \
+            if (fast) {                                                                      \
+                float *_out = s;                                                             \
+                DISPATCH_G(SCORES16, G, qf, kc, off, n, D)                                   \
+            } else {                                                                         \
+                for (int64_t i = 0; i < n; i++)                                              \
+                    for (int64_t g = 0; g < G; g++) {                                        \
+                        float dot = 0.0f;                                                    \
+                        for (int64_t d = 0; d < D; d++)                                      \
+                            dot += qf[g * D + d] * LOAD(kc, off[i] + d);                     \
+                        s[g * n + i] = dot;                                                  \
+                    }                                                                        \
+            }                                                                                \
+            for (int64_t g = 0; g < G; g++) {                                                \
+                float m = -INFINITY, sum = 0.0f;                                             \
+                for (int64_t i = 0; i < n; i++) m = s[g * n + i] > m ? s[g * n + i] : m;     \
+                for (int64_t i = 0; i < n; i++) {                                            \
+                    s[g * n + i] = expf(s[g * n + i] - m);                                   \
+                    sum += s[g * n + i];                                                     \
+                }                                                                            \
+                for (int64_t i = 0; i < n; i++) s[g * n + i] /= sum;                         \
+            }                                                                                \
+            if (fast) {                                                                      \
+                float *_out = acc;                                                           \
+                DISPATCH_G(WSUM16, G, s, vc, off, n, D)                                      \
+            } else {                                                                         \
+                memset(acc, 0, sizeof(float) * (size_t)(G * D));                             \
+                for (int64_t i = 0; i < n; i++)                                              \
+                    for (int64_t g = 0; g < G; g++)                                          \
+                        for (int64_t d = 0; d < D; d++)                                      \
+                            acc[g * D + d] += s[g * n + i] * LOAD(vc, off[i] + d);           \
+            }                                                                                \
+            for (int64_t g = 0; g < G; g++)                                                  \
+                for (int64_t d = 0; d < D; d++)                                              \
+                    STORE(out, (b * Hq + h * G + g) * D + d, acc[g * D + d]);                \
+            free(qf);                                                                        \
+        }                                                                                    \
+        return failed;                                                                       \
+    }
+
+#ifdef __AVX512F__
+DEFINE_PAGED_DECODE(paged_decode_bf16, uint16_t, bf16_load, bf16_store, scores16_bf16,
+                    wsum16_bf16)
+DEFINE_PAGED_DECODE(paged_decode_f32, float, f32_load, f32_store, scores16_f32, wsum16_f32)
+#else
+#define DISPATCH_G(...)
+DEFINE_PAGED_DECODE(paged_decode_bf16, uint16_t, bf16_load, bf16_store, _, _)
+DEFINE_PAGED_DECODE(paged_decode_f32, float, f32_load, f32_store, _, _)
+#endif
+
+/* Greedy pick: x [R, V] -> idx [R], the first index of each row's maximum, as torch.argmax
+ * (a NaN counts as the maximum, as in torch). Blocks of 1024: a vectorised max per block, and
+ * a scan for its index only where a block beats the best so far. */
+#define ARGMAX_BLOCK 1024
+#define DEFINE_ARGMAX(NAME, T, LOAD)                                                          \
+    void NAME(const T *x, int64_t R, int64_t V, int64_t *idx) {                              \
+        _Pragma("omp parallel for schedule(static)")                                         \
+        for (int64_t r = 0; r < R; r++) {                                                    \
+            const T *row = x + r * V;                                                        \
+            float best = -INFINITY;                                                          \
+            int64_t at = 0;                                                                  \
+            for (int64_t j0 = 0; j0 < V; j0 += ARGMAX_BLOCK) {                               \
+                const int64_t j1 = j0 + ARGMAX_BLOCK < V ? j0 + ARGMAX_BLOCK : V;            \
+                float m = -INFINITY;                                                         \
+                int nans = 0;                                                                \
+                _Pragma("omp simd reduction(max : m) reduction(+ : nans)")                   \
+                for (int64_t j = j0; j < j1; j++) {                                          \
+                    const float f = LOAD(row, j);                                            \
+                    m = f > m ? f : m;                                                       \
+                    nans += f != f;                                                          \
+                }                                                                            \
+                if (nans) {                                                                  \
+                    for (int64_t j = j0; j < j1; j++)                                        \
+                        if (LOAD(row, j) != LOAD(row, j)) {                                  \
+                            at = j;                                                          \
+                            break;                                                           \
+                        }                                                                    \
+                    break;                                                                   \
+                }                                                                            \
+                if (m > best || j0 == 0) {                                                   \
+                    for (int64_t j = j0; j < j1; j++)                                        \
+                        if (LOAD(row, j) == m) {                                             \
+                            at = j;                                                          \
+                            break;                                                           \
+                        }                                                                    \
+                    best = m;                                                                \
+                }                                                                            \
+            }                                                                                \
+            idx[r] = at;                                                                     \
+        }                                                                                    \
+    }
+
+DEFINE_ARGMAX(argmax_bf16, uint16_t, bf16_load)
+DEFINE_ARGMAX(argmax_f32, float, f32_load)
