@@ -75,9 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     report: dict[str, object] = {"threads": torch.get_num_threads()}
     report["decode_attention_per_layer"] = {
-        f"batch{b}_ctx{c}": decode_case(b, c, args.repeats)
-        for b in (1, 8, 32)
-        for c in (300, 1000)
+        f"batch{b}_ctx{c}": decode_case(b, c, args.repeats) for b in (1, 8, 32) for c in (300, 1000)
     }
     report["greedy_argmax"] = {f"rows{r}": argmax_case(r, args.repeats) for r in (1, 8, 32)}
     print(json.dumps(report, indent=1))
