@@ -5,7 +5,9 @@
 * decode attention, one layer (Hq 4, Hkv 1, D 256, block 16, bf16): the in-place kernel vs the
   torch path (gather the blocks with index_select, then SDPA with a mask), at several batch
   sizes and context lengths; the ratio is torch time / kernel time;
-* greedy argmax over [R, 262144] bf16 logits: the kernel vs `max(dim=-1)`.
+* greedy argmax over [R, 262144] bf16 logits: the kernel vs `max(dim=-1)`;
+* the greedy head, [R, 640] hidden rows -> token ids over a 262144 x 640 bf16 head (random
+  weights of Gemma's scale): the exact int8 head vs the bf16 oneDNN matmul + argmax kernel.
 
 Each figure is the best of several rounds, the two sides alternating.
 """
@@ -22,7 +24,9 @@ import torch
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.step_inputs import build_step_inputs
 from headrace.kernels.argmax import argmax_rows
+from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.layers.attention import _decode
+from headrace.layers.linear import pack_weight, packed_linear
 from headrace.request import SamplingParams
 
 HQ, HKV, D, BS, VOCAB = 4, 1, 256, 16, 262144
@@ -69,6 +73,22 @@ def argmax_case(rows: int, repeats: int) -> dict[str, float]:
     return {"torch_ms": torch_ms, "kernel_ms": kernel_ms, "ratio": torch_ms / kernel_ms}
 
 
+def head_cases(rows: list[int], repeats: int) -> dict[str, dict[str, float]]:
+    weight = (torch.randn(VOCAB, 640) * 0.03).bfloat16()
+    packed = pack_weight(weight)
+    int8 = Int8GreedyHead(weight)
+    out = {}
+    for r in rows:
+        x = (torch.randn(r, 640) * 3).bfloat16()
+        if packed is not None:
+            bf16_ms = best_ms(lambda x=x: argmax_rows(packed_linear(x, packed, None)), repeats)
+        else:
+            bf16_ms = best_ms(lambda x=x: argmax_rows(x @ weight.t()), repeats)
+        int8_ms = best_ms(lambda x=x: int8.argmax(x), repeats)
+        out[f"rows{r}"] = {"bf16_ms": bf16_ms, "int8_ms": int8_ms, "ratio": bf16_ms / int8_ms}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=30)
@@ -78,6 +98,7 @@ def main() -> None:
         f"batch{b}_ctx{c}": decode_case(b, c, args.repeats) for b in (1, 8, 32) for c in (300, 1000)
     }
     report["greedy_argmax"] = {f"rows{r}": argmax_case(r, args.repeats) for r in (1, 8, 32)}
+    report["greedy_head"] = head_cases([1, 2, 4, 6, 8, 16], max(5, args.repeats // 3))
     print(json.dumps(report, indent=1))
 
 

@@ -12,6 +12,11 @@ within +1% of fp32 (docs/performance.md).
 
     .venv/bin/python bench/quality_gate.py                        # fp32 vs bf16, Gemma 3 270M
     .venv/bin/python bench/quality_gate.py --dtypes float32,float16 --prompts 50
+    .venv/bin/python bench/quality_gate.py --dtypes float32,bfloat16,bfloat16-torch \
+        --max-num-seqs 4      # at most 4 rows a step: the int8 greedy head serves every step
+
+A `-torch` suffix turns the CPU kernels off for that setting (kernels/: in-place decode
+attention, the exact int8 greedy head), to compare them with the torch paths.
 """
 
 from __future__ import annotations
@@ -76,11 +81,20 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> dict[str, float]:
 
 def evaluate(dtype: str, args: argparse.Namespace, text: str, prompts: list[str]) -> dict[str, Any]:
     t0 = time.monotonic()
+    torch_paths = dtype.endswith("-torch")
     llm = LLM(
-        ModelConfig(model=args.model, dtype=dtype, device="cpu", max_model_len=args.window + 64),
+        ModelConfig(
+            model=args.model,
+            dtype=dtype.removesuffix("-torch"),
+            device="cpu",
+            max_model_len=args.window + 64,
+        ),
         CacheConfig(num_kv_blocks=2048),
-        SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=1024),
+        SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=1024),
     )
+    if torch_paths:
+        runner: Any = llm.core.runner
+        runner.paged_kernel, runner.greedy_head = False, None
     ids = llm.tokenizer.encode(text, add_special_tokens=True)
     ppl, n = perplexity(llm, ids, args.window)
     outputs = greedy(llm, prompts, args.max_tokens)
@@ -95,6 +109,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=200)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--window", type=int, default=512)
+    p.add_argument("--max-num-seqs", type=int, default=64, help="of the greedy generation")
     p.add_argument("--out", type=Path, default=Path("bench/out/quality_gate"))
     args = p.parse_args()
     text = (DATA / "heldout_gpl3.txt").read_text()

@@ -1,9 +1,16 @@
 """Side-by-side: Headrace, vLLM (CPU) and llama.cpp's llama-server on the same model and load.
 
-Starts each server in turn on 127.0.0.1, runs the same closed-loop workload (streaming, 64-token
-outputs with ignore_eos, varied prompts of plain words) at 1, 4, 16 and 32 concurrent streams with
-`headrace.bench`, stops the server, then prints one JSON table (output tokens/s and TTFT p95 per
-server and level, plus Headrace's ratio to the best peer) and draws a PNG.
+Starts each server in turn on 127.0.0.1 with its own default settings and runs, at 1, 4, 16
+and 32 concurrent streams, two closed-loop clients:
+
+* `headrace.bench`: streaming, 64-token outputs with ignore_eos, varied prompts of plain words;
+* vLLM's own `bench serve` (vllm_client.py, when the vLLM venv exists): random-token prompts of
+  128-384 tokens, 32-96 output tokens, greedy.
+
+Every level (and the warm-up) draws fresh prompts (its own seed), so a server with a prefix
+cache gets no free hits from an earlier level. Then it stops the server, prints one JSON table
+(output tokens/s, TTFT p50 and p95 per server, client and level, Headrace over the best peer)
+and draws a PNG.
 
 Set the peers up first (once): bench/peers/setup_vllm.sh and bench/peers/setup_llamacpp.sh.
 vLLM needs a dense bf16 HF directory of the same weights: made here with `headrace export` when
@@ -23,9 +30,11 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import vllm_client  # beside this script
 
 from headrace.bench import BenchError
 from headrace.bench.client import Target
@@ -47,6 +56,7 @@ class Peer:
     cmd: list[str]
     connection_per_request: bool = False
     start_timeout: float = 600.0
+    env: dict[str, str] | None = None
 
 
 def default_gguf() -> str:
@@ -77,16 +87,18 @@ def ensure_hf_dir(hf_dir: Path, gguf: str) -> Path:
 
 
 def make_peer(name: str, port: int, args: argparse.Namespace) -> Peer:
-    if name == "headrace":
+    if name in ("headrace", "headrace-torch"):
         cmd = [str(VENV_BIN / "headrace"), "serve", "--host", "127.0.0.1", "--port", str(port)]
-        return Peer(name, cmd + args.headrace_args.split())
+        # headrace-torch: the same server with the CPU kernels off (the torch paths), for A/B
+        env = {**os.environ, "HEADRACE_CPU_KERNELS": "0"} if name == "headrace-torch" else None
+        return Peer(name, cmd + args.headrace_args.split(), env=env)
     if name == "vllm":
         hf_dir = ensure_hf_dir(Path(args.hf_dir), args.gguf)
         return Peer(name, ["bash", str(HERE / "run_vllm.sh"), str(hf_dir), str(port)])
     if name == "llamacpp":
         cmd = ["bash", str(HERE / "run_llamacpp.sh"), args.gguf, str(port)]
         return Peer(name, cmd, connection_per_request=True)
-    raise SystemExit(f"unknown server {name!r}: use headrace, vllm, llamacpp")
+    raise SystemExit(f"unknown server {name!r}: use headrace, headrace-torch, vllm, llamacpp")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -104,8 +116,9 @@ async def measure(url: str, peer: Peer, workload: Workload, args: argparse.Names
     target = await preflight(target)
     warm = Bounds(num_requests=args.warmup, drain_timeout=120)
     if args.warmup:
+        warm_load = replace(workload, seed=workload.seed + 99_999)
         await run_level(
-            target, workload, "concurrency", min(4, args.warmup), warm, scrape_interval=None
+            target, warm_load, "concurrency", min(4, args.warmup), warm, scrape_interval=None
         )
     rows = []
     for level in args.levels:
@@ -114,12 +127,14 @@ async def measure(url: str, peer: Peer, workload: Workload, args: argparse.Names
             duration=args.max_seconds,
             drain_timeout=120,
         )
-        run = await run_level(target, workload, "concurrency", level, bounds, scrape_interval=None)
+        fresh = replace(workload, seed=workload.seed + level)  # no prompt of an earlier level
+        run = await run_level(target, fresh, "concurrency", level, bounds, scrape_interval=None)
         s = summarize(run.results, run.duration_s, Slo())
         rows.append(
             {
                 "concurrency": level,
                 "output_tokens_per_s": s["output_tokens_per_s"],
+                "ttft_p50_s": s["ttft_s"]["p50"],
                 "ttft_p95_s": s["ttft_s"]["p95"],
                 "tpot_p95_s": s["tpot_s"]["p95"],
                 "completed": s["completed"],
@@ -143,31 +158,40 @@ def run_peer(name: str, workload: Workload, args: argparse.Namespace) -> dict[st
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as f:
         proc = subprocess.Popen(
-            peer.cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            peer.cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=peer.env
         )
     try:
         t0 = time.monotonic()
         wait_healthy(url, proc, peer.start_timeout, log)
         ready_s = time.monotonic() - t0
         rows = asyncio.run(measure(url, peer, workload, args))
-        return {"ready_s": ready_s, "levels": rows, "log": str(log)}
+        vllm_rows = []
+        if "vllm" in args.clients and vllm_client.available():
+            for level in args.levels:
+                n = max(args.min_requests, args.rounds * level)
+                row = vllm_client.run_level(url, args.hf_dir, level, n, seed=1000 + level)
+                print(f"{name} @ {level} (vllm bench serve): {row}", file=sys.stderr)
+                vllm_rows.append(row)
+        return {"ready_s": ready_s, "levels": rows, "vllm_bench_serve": vllm_rows, "log": str(log)}
     except BenchError as exc:
         return {"error": str(exc), "levels": [], "log": str(log)}
     finally:
         stop(proc)
 
 
-def ratios(servers: dict[str, dict[str, Any]], levels: list[int]) -> dict[str, Any]:
-    """Headrace's output tokens/s over the best peer's, per level."""
+def ratios(
+    servers: dict[str, dict[str, Any]], levels: list[int], client: str = "levels"
+) -> dict[str, Any]:
+    """Headrace's output tokens/s over the best peer's, per level, for one client's rows."""
 
     def tps(name: str, level: int) -> float | None:
-        rows = [r for r in servers.get(name, {}).get("levels", []) if r["concurrency"] == level]
-        return rows[0]["output_tokens_per_s"] if rows else None
+        rows = [r for r in servers.get(name, {}).get(client, []) if r["concurrency"] == level]
+        return rows[0].get("output_tokens_per_s") if rows else None
 
     out: dict[str, Any] = {}
     for level in levels:
         ours = tps("headrace", level)
-        peers = [v for n in servers if n != "headrace" and (v := tps(n, level))]
+        peers = [v for n in servers if not n.startswith("headrace") and (v := tps(n, level))]
         if ours is not None and peers:
             out[str(level)] = ours / max(peers)
     return out
@@ -215,6 +239,7 @@ def main() -> int:
     p.add_argument("--gguf", default=None, help="default: the embedded Gemma 3 270M")
     p.add_argument("--hf-dir", default=str(WORK / "gemma3-270m-bf16"), help="vLLM's model dir")
     p.add_argument("--headrace-args", default="", help="extra `headrace serve` flags")
+    p.add_argument("--clients", default="headrace,vllm", help="headrace.bench and/or vllm's")
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "compare"))
     args = p.parse_args()
     args.levels = [int(v) for v in args.levels.split(",")]
@@ -232,6 +257,7 @@ def main() -> int:
         "levels": args.levels,
         "servers": servers,
         "headrace_over_best_peer": ratios(servers, args.levels),
+        "headrace_over_best_peer_vllm_client": ratios(servers, args.levels, "vllm_bench_serve"),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -12,9 +12,17 @@ import torch
 
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.kv_cache import KVCache, blocks_for_budget
-from headrace.engine.outputs import RunnerOutput, SchedulerOutput, TokenLogprobs
+from headrace.engine.outputs import (
+    RunnerOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+    TokenLogprobs,
+)
 from headrace.engine.sampler import Sampler
 from headrace.engine.step_inputs import build_step_inputs
+from headrace.kernels.int8_head import MAX_ROWS as INT8_HEAD_MAX_ROWS
+from headrace.kernels.int8_head import Int8GreedyHead
+from headrace.kernels.int8_head import supported as int8_head_supported
 from headrace.kernels.paged_decode import supported as paged_decode_supported
 from headrace.loader.cache import resolve_model
 from headrace.loader.hf import load_model, read_config, read_json
@@ -146,6 +154,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.poison_token = _poison_token_from_env()
         self.paged_kernel = paged_decode_supported(self.device, self.dtype)
+        self.greedy_head = _int8_greedy_head(model)
         log.info(
             "runner ready: %s, %d KV blocks of %d tokens (%.2f GiB), max_model_len %d",
             model_name,
@@ -176,13 +185,27 @@ class ModelRunner:
             )  # [T, H]
             if not inputs.sampled:
                 return RunnerOutput(sampled={})
-            logits = self.model.compute_logits(hidden[inputs.sample_rows])  # [S, V]
-            tokens, logprobs = self.sampler(logits, inputs.sampled)
+            rows = hidden[inputs.sample_rows]  # [S, H]
+            if self._int8_greedy(inputs.sampled):
+                assert self.greedy_head is not None
+                tokens = self.greedy_head.argmax(rows).tolist()
+                logprobs: list[TokenLogprobs | None] = [None] * len(tokens)
+            else:
+                logits = self.model.compute_logits(rows)  # [S, V]
+                tokens, logprobs = self.sampler(logits, inputs.sampled)
         ids = [r.request_id for r in inputs.sampled]
         lps: dict[str, TokenLogprobs] = {
             i: lp for i, lp in zip(ids, logprobs, strict=True) if lp is not None
         }
         return RunnerOutput(sampled=dict(zip(ids, tokens, strict=True)), logprobs=lps)
+
+    def _int8_greedy(self, sampled: list[ScheduledRequest]) -> bool:
+        """Whether the exact int8 greedy head serves this step (see kernels/int8_head.py)."""
+        return (
+            self.greedy_head is not None
+            and len(sampled) <= INT8_HEAD_MAX_ROWS
+            and all(r.params.greedy and r.params.logprobs is None for r in sampled)
+        )
 
     def _validate(self, out: SchedulerOutput) -> None:
         for req in out.scheduled:
@@ -218,3 +241,13 @@ class ModelRunner:
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,
         }
+
+
+def _int8_greedy_head(model: CausalLM) -> Int8GreedyHead | None:
+    """An int8 copy of a tied bf16 head on the CPU, unless `HEADRACE_INT8_HEAD=0`. The final
+    softcap (tanh) keeps the order of the logits, so the argmax needs no cap."""
+    if os.environ.get("HEADRACE_INT8_HEAD", "1") in ("0", "false", "no", "off"):
+        return None
+    if model.lm_head is not None or not int8_head_supported(model.embed_weight):
+        return None
+    return Int8GreedyHead(model.embed_weight)

@@ -83,6 +83,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn = getattr(lib, name)
         fn.argtypes = [PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, I64, I64, I64, I64, I64, F32, PTR]
         fn.restype = ctypes.c_int
+    lib.head_argmax_q8.argtypes = [PTR, I64, I64, PTR, PTR, I64, PTR, I64, PTR, PTR]
+    lib.head_argmax_q8.restype = None
     for name in ("argmax_bf16", "argmax_f32"):
         fn = getattr(lib, name)
         fn.argtypes = [PTR, I64, I64, PTR]

@@ -229,3 +229,106 @@ DEFINE_PAGED_DECODE(paged_decode_f32, float, f32_load, f32_store, _, _)
 
 DEFINE_ARGMAX(argmax_bf16, uint16_t, bf16_load)
 DEFINE_ARGMAX(argmax_f32, float, f32_load)
+
+#ifdef __AVX512F__
+/* a[m][v] for 4 groups (64 vocabulary rows) and MB rows of x: 4 * MB independent FMA chains
+ * (one chain per group would wait on FMA latency, not memory). */
+#define DEFINE_SCREEN(NAME, MB)                                                               \
+    static inline void NAME(const float *x, int64_t H, const int8_t *p, const float *s,      \
+                            int64_t V16, int64_t grp, int64_t m0, float *approx) {           \
+        __m512 a[4][MB];                                                                     \
+        for (int g = 0; g < 4; g++)                                                          \
+            for (int m = 0; m < MB; m++) a[g][m] = _mm512_setzero_ps();                      \
+        for (int64_t d = 0; d < H; d++) {                                                    \
+            __m512 wf[4];                                                                    \
+            for (int g = 0; g < 4; g++)                                                      \
+                wf[g] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(                             \
+                    _mm_loadu_si128((const __m128i *)(p + (g * H + d) * 16))));              \
+            for (int m = 0; m < MB; m++) {                                                   \
+                const __m512 xb = _mm512_set1_ps(x[(m0 + m) * H + d]);                       \
+                for (int g = 0; g < 4; g++) a[g][m] = _mm512_fmadd_ps(xb, wf[g], a[g][m]);   \
+            }                                                                                \
+        }                                                                                    \
+        for (int g = 0; g < 4; g++) {                                                        \
+            const __m512 sc = _mm512_loadu_ps(s + (grp + g) * 16);                           \
+            for (int m = 0; m < MB; m++)                                                     \
+                _mm512_storeu_ps(approx + (m0 + m) * V16 + (grp + g) * 16,                   \
+                                 _mm512_mul_ps(a[g][m], sc));                                \
+        }                                                                                    \
+    }
+DEFINE_SCREEN(screen_m1, 1)
+DEFINE_SCREEN(screen_m2, 2)
+DEFINE_SCREEN(screen_m4, 4)
+#endif
+
+/* Greedy head with int8 weights, exact: the argmax of the full-precision logits x . w_v.
+ *
+ * x      [M, H] fp32        the step's final hidden rows
+ * packed [V16 / 16, H, 16]  int8: q[v][d] = round(w[v][d] / s[v]), 16 vocabulary rows
+ *                           interleaved so one 16-lane load feeds 16 logits (no horizontal sums);
+ *                           V16 a multiple of 64
+ * s      [V16] fp32         per-row scales max|w_v| / 127 (0 on padding rows)
+ * w      [V, H] bf16        the head's own weights, for the rescoring
+ * approx [M, V16] fp32      scratch
+ * Pass 1 screens with the int8 logits a_v = s_v * (x . q_v). Since |w - s q| <= s / 2 per
+ * weight, |x . w_v - a_v| <= bound_v = 0.55 * s_v * |x|_1 (the 0.05 covers fp32 rounding of
+ * both sums). Pass 2 rescores, in fp32 from the bf16 weights, every v whose a_v + bound_v
+ * reaches max_u (a_u - bound_u): the true argmax is among them. Ties: the lowest index.
+ */
+void head_argmax_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, const float *s,
+                    int64_t V16, const uint16_t *w, int64_t V, float *approx, int64_t *idx) {
+    const int64_t groups = V16 / 16;
+    _Pragma("omp parallel for schedule(static)")
+    for (int64_t grp = 0; grp < groups; grp += 4) {
+        const int8_t *p = packed + grp * H * 16;
+        for (int64_t m0 = 0; m0 < M;) {
+#ifdef __AVX512F__
+            if (M - m0 >= 4) {
+                screen_m4(x, H, p, s, V16, grp, m0, approx);
+                m0 += 4;
+            } else if (M - m0 >= 2) {
+                screen_m2(x, H, p, s, V16, grp, m0, approx);
+                m0 += 2;
+            } else {
+                screen_m1(x, H, p, s, V16, grp, m0, approx);
+                m0 += 1;
+            }
+#else
+            for (int64_t g = grp; g < grp + 4; g++)
+                for (int l = 0; l < 16; l++) {
+                    float acc = 0.0f;
+                    for (int64_t d = 0; d < H; d++)
+                        acc += x[m0 * H + d] * (float)packed[(g * H + d) * 16 + l];
+                    approx[m0 * V16 + g * 16 + l] = acc * s[g * 16 + l];
+                }
+            m0 += 1;
+#endif
+        }
+    }
+    _Pragma("omp parallel for schedule(static)")
+    for (int64_t m = 0; m < M; m++) {
+        const float *xm = x + m * H, *am = approx + m * V16;
+        float l1 = 0.0f;
+        for (int64_t d = 0; d < H; d++) l1 += fabsf(xm[d]);
+        const float k = 0.55f * l1;
+        float lower = -INFINITY;
+        for (int64_t v = 0; v < V; v++) {
+            const float low = am[v] - k * s[v];
+            lower = low > lower ? low : lower;
+        }
+        float best = -INFINITY;
+        int64_t at = 0;
+        for (int64_t v = 0; v < V; v++) {
+            if (!(am[v] + k * s[v] >= lower)) continue;
+            const uint16_t *row = w + v * H;
+            float dot = 0.0f;
+            _Pragma("omp simd reduction(+ : dot)")
+            for (int64_t d = 0; d < H; d++) dot += xm[d] * bf16_load(row, d);
+            if (dot > best) {
+                best = dot;
+                at = v;
+            }
+        }
+        idx[m] = at;
+    }
+}

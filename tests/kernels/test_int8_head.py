@@ -1,0 +1,75 @@
+"""The int8 greedy head picks exactly the argmax of the full-precision logits x . w_v, on random
+weights (every row count and padding) and on the real Gemma 3 head with real hidden states."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headrace.config import CacheConfig, ModelConfig
+from headrace.engine.model_runner import ModelRunner
+from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.runner_harness import GREEDY
+from headrace.engine.step_inputs import build_step_inputs
+from headrace.kernels.int8_head import MAX_ROWS, Int8GreedyHead, supported
+
+pytestmark = pytest.mark.skipif(
+    not supported(torch.zeros(1, dtype=torch.bfloat16)), reason="no C compiler: kernels off"
+)
+
+
+def full_precision_argmax(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x.double() @ w.double().t()).argmax(dim=-1)
+
+
+@pytest.mark.parametrize("rows", range(1, MAX_ROWS + 3))
+def test_random_head_every_row_count(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    vocab, hidden = 5000 + rows, 96  # not a multiple of 64: padding rows exist
+    w = (torch.randn(vocab, hidden, generator=gen) * 0.05).bfloat16()
+    w[7] = 0  # an all-zero row: scale 0
+    head = Int8GreedyHead(w)
+    for trial in range(20):
+        x = (torch.randn(rows, hidden, generator=gen) * (1 + trial)).bfloat16()
+        assert torch.equal(head.argmax(x), full_precision_argmax(x, w))
+
+
+def test_near_ties_resolved_in_full_precision() -> None:
+    """Rows that differ below the int8 grid: the screen cannot tell them apart, the rescoring
+    must; an exact duplicate row loses to the first copy."""
+    gen = torch.Generator().manual_seed(0)
+    w = (torch.randn(4096, 64, generator=gen) * 0.05).bfloat16()
+    x = torch.randn(3, 64, generator=gen).bfloat16()
+    top = full_precision_argmax(x, w)
+    for r in range(3):
+        best = w[top[r]].clone()
+        nudged = best.float()
+        nudged[int(x[r].float().abs().argmax())] += 0.002 * float(torch.sign(x[r].float()).max())
+        w[1000 + r] = nudged.bfloat16()
+    w[3000] = w[1000]  # a duplicate of a (possible) winner, later in the vocabulary
+    head = Int8GreedyHead(w)
+    assert torch.equal(head.argmax(x), full_precision_argmax(x, w))
+
+
+@pytest.mark.gemma
+def test_real_gemma_head_and_hidden_states() -> None:
+    runner = ModelRunner(ModelConfig(dtype="bfloat16", device="cpu"), CacheConfig(num_kv_blocks=64))
+    assert runner.greedy_head is not None
+    texts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time", "1, 2, 3,"]
+    reqs = [
+        ScheduledRequest(
+            str(i), runner.tokenizer.encode(t), 0, [i * 4 + j for j in range(4)], True, GREEDY, 0
+        )
+        for i, t in enumerate(texts)
+    ]
+    runner.kv_cache.prepare(range(16))
+    inputs = build_step_inputs(reqs, runner.block_size, runner.model.args.windows, runner.device)
+    with torch.inference_mode():
+        hidden = runner.model(
+            inputs.input_ids, inputs.positions, runner.kv_cache.layers, inputs.meta
+        )
+    # every prompt position, not only the last: 40-odd real hidden states
+    w = runner.model.embed_weight
+    for start in range(0, hidden.shape[0], MAX_ROWS):
+        x = hidden[start : start + MAX_ROWS]
+        assert torch.equal(runner.greedy_head.argmax(x), full_precision_argmax(x, w))
