@@ -85,6 +85,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.restype = ctypes.c_int
     lib.head_argmax_q8.argtypes = [PTR, I64, I64, PTR, PTR, I64, PTR, I64, PTR, PTR]
     lib.head_argmax_q8.restype = None
+    lib.act_mul_bf16.argtypes = [PTR, I64, I64, I64, ctypes.c_int, PTR]
+    lib.act_mul_bf16.restype = None
+    lib.rms_norm_bf16.argtypes = [PTR, I64, I64, I64, I64, PTR, I64, ctypes.c_int, F32, PTR, PTR]
+    lib.rms_norm_bf16.restype = None
     for name in ("argmax_bf16", "argmax_f32"):
         fn = getattr(lib, name)
         fn.argtypes = [PTR, I64, I64, PTR]

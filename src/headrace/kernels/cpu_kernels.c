@@ -58,15 +58,24 @@ static inline __m512 f32_load16(const float *p) { return _mm512_loadu_ps(p); }
  * (G = 1, 2, 4 or 8 and D a multiple of 16), the portable path covers every other shape.
  */
 #define MAXG 8
+#define PREFETCH_ROWS 8
 
 #ifdef __AVX512F__
 /* s[g * n + i] = q_g . k_i for the n rows at kc + off[i]; qf [G, D] fp32. */
 #define DEFINE_SCORES16(NAME, T, LOAD16)                                                      \
     static inline __attribute__((always_inline)) void NAME(                                  \
-        const float *qf, const T *kc, const int64_t *off, int64_t n, int64_t D, int G,       \
-        float *s) {                                                                          \
+        const float *qf, const T *kc, const T *vc, const int64_t *off, int64_t n, int64_t D, \
+        int G, float *s) {                                                                   \
         for (int64_t i = 0; i < n; i++) {                                                    \
             const T *k = kc + off[i];                                                        \
+            if (i + PREFETCH_ROWS < n) { /* rows of scattered blocks: the prefetcher stalls */ \
+                const char *nk = (const char *)(kc + off[i + PREFETCH_ROWS]);                \
+                const char *nv = (const char *)(vc + off[i + PREFETCH_ROWS]);                \
+                for (int64_t b = 0; b < D * (int64_t)sizeof(T); b += 64) {                   \
+                    _mm_prefetch(nk + b, _MM_HINT_T0);                                       \
+                    _mm_prefetch(nv + b, _MM_HINT_T1); /* V for the weighted sum, into L2 */ \
+                }                                                                            \
+            }                                                                                \
             __m512 acc[MAXG];                                                                \
             for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();                       \
             for (int64_t c = 0; c < D; c += LANES) {                                         \
@@ -138,7 +147,7 @@ DEFINE_WSUM16(wsum16_f32, float, f32_load16)
                     qf[g * D + d] = LOAD(q, (b * Hq + h * G + g) * D + d) * scale;           \
             if (fast) {                                                                      \
                 float *_out = s;                                                             \
-                DISPATCH_G(SCORES16, G, qf, kc, off, n, D)                                   \
+                DISPATCH_G(SCORES16, G, qf, kc, vc, off, n, D)                                   \
             } else {                                                                         \
                 for (int64_t i = 0; i < n; i++)                                              \
                     for (int64_t g = 0; g < G; g++) {                                        \
@@ -330,5 +339,128 @@ void head_argmax_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, 
             }
         }
         idx[m] = at;
+    }
+}
+
+/* ---- Fused elementwise ops of a bf16 layer: each reads its input once and writes once, with
+ * the same roundings to bf16 as the torch ops it replaces (fp32 inside, bf16 at each step torch
+ * stores a bf16 tensor). */
+
+/* e^x for the activations: 2^n * p(r) with r = x - n ln 2, |r| <= ln2 / 2; a degree-6 Taylor
+ * polynomial, relative error ~2e-7 (results are stored as bf16, 8 bits of mantissa). Plain
+ * arithmetic, so the loops that call it vectorise. */
+static inline float exp_approx(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float n = __builtin_roundf(x * 1.44269504f);
+    const float r = x - n * 0.693359375f + n * 2.12194440e-4f; /* ln 2 in two parts (Cephes) */
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+/* 0.5 x (1 + tanh u) written as x / (1 + e^(-2u)): the same function without the
+ * cancellation of 1 + tanh u near -1 (torch's form loses most digits for x < -3). */
+static inline float gelu_tanh(float x) {
+    const float u = 0.7978845608f * (x + 0.044715f * x * x * x);
+    return x / (1.0f + exp_approx(-2.0f * u));
+}
+
+static inline float silu(float x) { return x / (1.0f + exp_approx(-x)); }
+
+static inline float bf16_round(float f) {
+    uint16_t h;
+    bf16_store(&h, 0, f);
+    return bf16_load(&h, 0);
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+static inline __m512 bf16_round16(__m512 f) { /* round to bf16 and widen back */
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(f);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline __m512 act16(__m512 x, int act) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    if (act == 1) return _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+    const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.7978845608f),
+                                   _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), x3, x));
+    const __m512 e = exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), u));
+    return _mm512_div_ps(x, _mm512_add_ps(one, e)); /* as gelu_tanh() below */
+}
+#endif
+
+/* out [T, I] = bf16(act(gate)) * up, rounded, from gate_up [T, 2I] (row stride `stride`):
+ * the merged [gate | up] projection. act: 0 = gelu (tanh approximation), 1 = silu. */
+void act_mul_bf16(const uint16_t *gate_up, int64_t T, int64_t I, int64_t stride, int act,
+                  uint16_t *out) {
+    _Pragma("omp parallel for schedule(static)")
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *g = gate_up + t * stride, *u = g + I;
+        uint16_t *o = out + t * I;
+        int64_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+        for (; i + 16 <= I; i += 16) {
+            const __m512 a = bf16_round16(act16(bf16_load16(g + i), act));
+            const __m512 y = _mm512_mul_ps(a, bf16_load16(u + i));
+            _mm256_storeu_si256((__m256i *)(o + i), (__m256i)_mm512_cvtneps_pbh(y));
+        }
+#endif
+        for (; i < I; i++) {
+            const float x = bf16_load(g, i);
+            const float a = bf16_round(act == 0 ? gelu_tanh(x) : silu(x));
+            bf16_store(o, i, a * bf16_load(u, i));
+        }
+    }
+}
+
+/* RMSNorm of bf16 rows in fp32. Row r of x starts at x + (r / inner) * outer + (r % inner) * D
+ * (a [T, inner, D] view with contiguous heads, or plain [T, D] with inner = 1). scale: fp32
+ * [scale_rows, D], row r uses row r % scale_rows. cast_first = 0 (Gemma): bf16(n * scale);
+ * cast_first = 1 (Llama): bf16(bf16(n) * scale). With a residual [rows, D]:
+ * out = bf16(residual + normed), the post-norm residual add of Gemma 3. out: [rows, D]. */
+void rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t D, int64_t inner, int64_t outer,
+                   const float *scale, int64_t scale_rows, int cast_first, float eps,
+                   const uint16_t *residual, uint16_t *out) {
+    _Pragma("omp parallel for schedule(static)")
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + (r / inner) * outer + (r % inner) * D;
+        const float *sr = scale + (r % scale_rows) * D;
+        uint16_t *o = out + r * D;
+        float ss = 0.0f;
+        _Pragma("omp simd reduction(+ : ss)")
+        for (int64_t d = 0; d < D; d++) ss += bf16_load(xr, d) * bf16_load(xr, d);
+        const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+        _Pragma("omp simd")
+        for (int64_t d = 0; d < D; d++) {
+            const float n = bf16_load(xr, d) * inv;
+            float y = cast_first ? bf16_round(n) * sr[d] : n * sr[d];
+            if (residual) y = bf16_load(residual, r * D + d) + bf16_round(y);
+            bf16_store(o, d, y);
+        }
     }
 }

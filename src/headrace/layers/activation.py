@@ -7,6 +7,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from headrace.kernels import fused
+
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
@@ -28,7 +30,14 @@ def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return ACTIVATIONS[name]
 
 
+# activations with a fused `act(gate) * up` kernel for bf16 on the CPU (kernels/fused.py)
+_FUSED = {_gelu_tanh: "gelu_tanh", F.silu: "silu"}
+
+
 def gated(act: Callable[[torch.Tensor], torch.Tensor], gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2 * I] -> [T, I]: act(gate) * up."""
+    kind = _FUSED.get(act)
+    if kind is not None and (out := fused.act_mul(gate_up, kind)) is not None:
+        return out
     gate, up = gate_up.chunk(2, dim=-1)
     return act(gate) * up

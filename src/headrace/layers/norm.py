@@ -6,13 +6,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headrace.kernels import fused
+
 
 def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, offset: bool) -> torch.Tensor:
     """x [..., D] normalized, times `scale` (broadcast against x).
 
     Llama casts back to the input dtype before the weight; Gemma multiplies in float32 by
-    `1 + w` and casts last. We follow each so that results match transformers'.
+    `1 + w` and casts last. We follow each so that results match transformers'. bf16 on the
+    CPU goes through one fused pass with the same roundings (kernels/fused.py).
     """
+    fused_out = fused.rms_norm(x, scale, eps, cast_first=not offset)
+    if fused_out is not None:
+        return fused_out
     dim = (x.shape[-1],)
     if not offset:
         return scale * F.rms_norm(x.float(), dim, None, eps).to(x.dtype)
@@ -40,9 +46,13 @@ class RMSNorm(nn.Module):
     def prepare(self) -> None:
         self.scale = self.multiplier()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """[..., dim] -> [..., dim]; with `residual`: residual + norm(x) (a post-norm)."""
         scale = self.scale if self.scale is not None else self.multiplier()
-        return rms_norm(x, scale, self.eps, self.offset)
+        if residual is None:
+            return rms_norm(x, scale, self.eps, self.offset)
+        out = fused.rms_norm(x, scale, self.eps, not self.offset, residual)
+        return out if out is not None else residual + rms_norm(x, scale, self.eps, self.offset)
 
 
 def stacked_head_scale(q_norm: RMSNorm, k_norm: RMSNorm, hq: int, hkv: int) -> torch.Tensor:

@@ -115,9 +115,9 @@ class Gemma3DecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H]
         attn = self.self_attn(self.input_layernorm(x), cos_sin, kv, meta)
-        x = x + self.post_attention_layernorm(attn)
+        x = self.post_attention_layernorm(attn, residual=x)  # x + norm(attn)
         mlp = self.mlp(self.pre_feedforward_layernorm(x))
-        return x + self.post_feedforward_layernorm(mlp)
+        return self.post_feedforward_layernorm(mlp, residual=x)
 
 
 class Gemma3TextModel(nn.Module):
