@@ -6,6 +6,7 @@
   torch path (gather the blocks with index_select, then SDPA with a mask), at several batch
   sizes and context lengths; the ratio is torch time / kernel time;
 * greedy argmax over [R, 262144] bf16 logits: the kernel vs `max(dim=-1)`;
+* fused bf16 elementwise ops of a 512-token prefill (RMSNorm + residual, gelu x up) vs torch;
 * the greedy head, [R, 640] hidden rows -> token ids over a 262144 x 640 bf16 head (random
   weights of Gemma's scale): the exact int8 head vs the bf16 oneDNN matmul + argmax kernel.
 
@@ -20,9 +21,11 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.step_inputs import build_step_inputs
+from headrace.kernels import fused
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.layers.attention import _decode
@@ -30,6 +33,7 @@ from headrace.layers.linear import pack_weight, packed_linear
 from headrace.request import SamplingParams
 
 HQ, HKV, D, BS, VOCAB = 4, 1, 256, 16, 262144
+POOL_BLOCKS = 8192
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -44,9 +48,11 @@ def best_ms(fn: Callable[[], object], repeats: int) -> float:
 
 def decode_case(batch: int, context: int, repeats: int) -> dict[str, float]:
     blocks = -(-(context + 1) // BS)
-    k_cache = torch.randn(batch * blocks + 1, BS, HKV, D).bfloat16()
+    # a pool of 64 MiB per K and V (as a served model's, far past the caches); blocks scattered
+    pool = max(batch * blocks + 1, POOL_BLOCKS)
+    k_cache = torch.randn(pool, BS, HKV, D).bfloat16()
     v_cache = torch.randn_like(k_cache)
-    perm = (torch.randperm(batch * blocks) + 1).view(batch, blocks).tolist()
+    perm = (torch.randperm(pool - 1)[: batch * blocks] + 1).view(batch, blocks).tolist()
     sched = [
         ScheduledRequest(str(i), [0], context, perm[i], True, SamplingParams(), 0)
         for i in range(batch)
@@ -89,6 +95,29 @@ def head_cases(rows: list[int], repeats: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def fused_cases(repeats: int) -> dict[str, dict[str, float]]:
+    """A 512-token bf16 prefill's elementwise ops: the fused kernels vs the torch ops."""
+    x = (torch.randn(512, 640) * 5).bfloat16()
+    res = torch.randn(512, 640).bfloat16()
+    scale = 1 + torch.randn(640) * 0.1
+    gate_up = (torch.randn(512, 4096) * 2).bfloat16()
+    cases = {
+        "rms_norm_residual_512x640": (
+            lambda: res + F.rms_norm(x.float(), (640,), scale, 1e-6).to(torch.bfloat16),
+            lambda: fused.rms_norm(x, scale, 1e-6, cast_first=False, residual=res),
+        ),
+        "gelu_tanh_mul_512x2048": (
+            lambda: F.gelu(gate_up[:, :2048], approximate="tanh") * gate_up[:, 2048:],
+            lambda: fused.act_mul(gate_up, "gelu_tanh"),
+        ),
+    }
+    out = {}
+    for name, (ref, kernel) in cases.items():
+        torch_ms, kernel_ms = best_ms(ref, repeats), best_ms(kernel, repeats)
+        out[name] = {"torch_ms": torch_ms, "kernel_ms": kernel_ms, "ratio": torch_ms / kernel_ms}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=30)
@@ -98,6 +127,7 @@ def main() -> None:
         f"batch{b}_ctx{c}": decode_case(b, c, args.repeats) for b in (1, 8, 32) for c in (300, 1000)
     }
     report["greedy_argmax"] = {f"rows{r}": argmax_case(r, args.repeats) for r in (1, 8, 32)}
+    report["fused_elementwise"] = fused_cases(args.repeats)
     report["greedy_head"] = head_cases([1, 2, 4, 6, 8, 16], max(5, args.repeats // 3))
     print(json.dumps(report, indent=1))
 

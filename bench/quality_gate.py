@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.llm import LLM
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.step_inputs import build_step_inputs
+from headrace.kernels.build import cpu_kernels
 from headrace.request import SamplingParams
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
@@ -82,6 +84,9 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> dict[str, float]:
 def evaluate(dtype: str, args: argparse.Namespace, text: str, prompts: list[str]) -> dict[str, Any]:
     t0 = time.monotonic()
     torch_paths = dtype.endswith("-torch")
+    if torch_paths:  # every kernel off for this setting: the runner takes its torch paths
+        os.environ["HEADRACE_CPU_KERNELS"] = "0"
+        cpu_kernels.cache_clear()
     llm = LLM(
         ModelConfig(
             model=args.model,
@@ -92,12 +97,12 @@ def evaluate(dtype: str, args: argparse.Namespace, text: str, prompts: list[str]
         CacheConfig(num_kv_blocks=2048),
         SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=1024),
     )
-    if torch_paths:
-        runner: Any = llm.core.runner
-        runner.paged_kernel, runner.greedy_head = False, None
     ids = llm.tokenizer.encode(text, add_special_tokens=True)
     ppl, n = perplexity(llm, ids, args.window)
     outputs = greedy(llm, prompts, args.max_tokens)
+    if torch_paths:
+        os.environ.pop("HEADRACE_CPU_KERNELS", None)
+        cpu_kernels.cache_clear()
     return {"dtype": dtype, "perplexity": ppl, "scored_tokens": n, "outputs": outputs,
             "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
 

@@ -452,11 +452,29 @@ void rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t D, int64_t inner, in
         const float *sr = scale + (r % scale_rows) * D;
         uint16_t *o = out + r * D;
         float ss = 0.0f;
-        _Pragma("omp simd reduction(+ : ss)")
-        for (int64_t d = 0; d < D; d++) ss += bf16_load(xr, d) * bf16_load(xr, d);
+        int64_t d0 = 0;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+        __m512 acc = _mm512_setzero_ps();
+        for (; d0 + 16 <= D; d0 += 16) {
+            const __m512 v = bf16_load16(xr + d0);
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        ss = _mm512_reduce_add_ps(acc);
+#endif
+        for (int64_t d = d0; d < D; d++) ss += bf16_load(xr, d) * bf16_load(xr, d);
         const float inv = 1.0f / sqrtf(ss / (float)D + eps);
-        _Pragma("omp simd")
-        for (int64_t d = 0; d < D; d++) {
+        int64_t d = 0;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+        const __m512 vinv = _mm512_set1_ps(inv);
+        for (; d + 16 <= D; d += 16) {
+            const __m512 n = _mm512_mul_ps(bf16_load16(xr + d), vinv);
+            const __m512 sc = _mm512_loadu_ps(sr + d);
+            __m512 y = _mm512_mul_ps(cast_first ? bf16_round16(n) : n, sc);
+            if (residual) y = _mm512_add_ps(bf16_load16(residual + r * D + d), bf16_round16(y));
+            _mm256_storeu_si256((__m256i *)(o + d), (__m256i)_mm512_cvtneps_pbh(y));
+        }
+#endif
+        for (; d < D; d++) {
             const float n = bf16_load(xr, d) * inv;
             float y = cast_first ? bf16_round(n) * sr[d] : n * sr[d];
             if (residual) y = bf16_load(residual, r * D + d) + bf16_round(y);

@@ -1,0 +1,125 @@
+"""Where a decode (and a prefill) step of the default model goes, by category. Prints JSON.
+
+Wall time per category, from wrappers timed with perf_counter around the call sites (the C
+kernels run through ctypes, which torch.profiler does not see): the layers' matmuls, the
+head, decode attention, fused norms and activations, the greedy pick, and the rest (rotary,
+KV writes, step inputs, Python). Median over steps.
+
+    .venv/bin/python bench/step_profile.py                 # bf16 (default here), batch 1 and 32
+    .venv/bin/python bench/step_profile.py --batches 1,8,32 --context 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import forward  # noqa: E402  (beside this script: the same random prompts)
+
+import headrace.engine.model_runner as model_runner  # noqa: E402
+import headrace.engine.sampler as sampler  # noqa: E402
+import headrace.layers.activation as activation  # noqa: E402
+import headrace.layers.attention as attention  # noqa: E402
+import headrace.layers.linear as linear  # noqa: E402
+import headrace.layers.norm as norm  # noqa: E402
+import headrace.models.base as base  # noqa: E402
+from headrace.config import CacheConfig, ModelConfig  # noqa: E402
+from headrace.engine.runner_harness import RunnerHarness  # noqa: E402
+from headrace.kernels import fused  # noqa: E402
+from headrace.kernels.int8_head import Int8GreedyHead  # noqa: E402
+
+SPENT: dict[str, float] = defaultdict(float)
+
+
+def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            SPENT[name] += time.perf_counter() - start
+
+    return wrapper
+
+
+def instrument() -> None:
+    linear.packed_linear = timed("layer matmuls", linear.packed_linear)
+    base.packed_linear = timed("head matmul", base.packed_linear)
+    attention.paged_decode = timed("decode attention", attention.paged_decode)
+    attention._prefill = timed("prefill attention", attention._prefill)
+    norm.fused.rms_norm = timed("norms (fused)", fused.rms_norm)  # type: ignore[attr-defined]
+    activation.fused.act_mul = timed("gelu x up (fused)", fused.act_mul)  # type: ignore[attr-defined]
+    sampler.argmax_rows = timed("greedy argmax", sampler.argmax_rows)
+    Int8GreedyHead.argmax = timed("int8 greedy head", Int8GreedyHead.argmax)  # type: ignore[method-assign]
+    model_runner.build_step_inputs = timed("step inputs", model_runner.build_step_inputs)
+
+
+def profile(runner: Any, batch: int, context: int, steps: int) -> dict[str, float]:
+    harness = RunnerHarness(runner)
+    for i, p in enumerate(forward.prompts(batch, context, runner.vocab_size, 0)):
+        harness.add(str(i), p, steps + 2)
+    harness.step()
+    harness.step()
+    per_step: list[dict[str, float]] = []
+    for _ in range(steps):
+        SPENT.clear()
+        start = time.perf_counter()
+        harness.step()
+        total = time.perf_counter() - start
+        row = {k: v * 1e3 for k, v in SPENT.items()}
+        row["rest (rotary, KV writes, Python)"] = total * 1e3 - sum(row.values())
+        row["step"] = total * 1e3
+        per_step.append(row)
+    keys = per_step[0].keys()
+    return {k: round(statistics.median(r.get(k, 0.0) for r in per_step), 2) for k in keys}
+
+
+def prefill(runner: Any, seqs: int, length: int) -> dict[str, float]:
+    rows = []
+    for r in range(4):
+        harness = RunnerHarness(runner)
+        for i, p in enumerate(forward.prompts(seqs, length, runner.vocab_size, 100 + r)):
+            harness.add(str(i), p, 1)
+        SPENT.clear()
+        start = time.perf_counter()
+        harness.step()
+        total = time.perf_counter() - start
+        row = {k: v * 1e3 for k, v in SPENT.items()}
+        row["rest (rotary, KV writes, Python)"] = total * 1e3 - sum(row.values())
+        row["step"] = total * 1e3
+        rows.append(row)
+    best = min(rows[1:], key=lambda r: r["step"])
+    return {k: round(v, 2) for k, v in best.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--batches", default="1,32")
+    p.add_argument("--context", type=int, default=300)
+    p.add_argument("--steps", type=int, default=15)
+    args = p.parse_args()
+    instrument()
+    batches = [int(b) for b in args.batches.split(",")]
+    runner = model_runner.ModelRunner(
+        ModelConfig(dtype=args.dtype, device="cpu"),
+        CacheConfig(block_size=16, num_kv_blocks=max(batches) * 30 + 512),
+    )
+    report: dict[str, Any] = {"dtype": str(runner.dtype), "context": args.context}
+    for b in batches:
+        report[f"decode_batch{b}_ms"] = profile(runner, b, args.context, args.steps)
+    report["prefill_2x256_ms"] = prefill(runner, 2, 256)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
