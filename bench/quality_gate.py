@@ -97,6 +97,7 @@ def evaluate(dtype: str, args: argparse.Namespace, text: str, prompts: list[str]
         CacheConfig(num_kv_blocks=2048),
         SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=1024),
     )
+    llm.core.runner.wait_greedy_head()  # every step of the run with the head it will have
     ids = llm.tokenizer.encode(text, add_special_tokens=True)
     ppl, n = perplexity(llm, ids, args.window)
     outputs = greedy(llm, prompts, args.max_tokens)

@@ -114,6 +114,7 @@ def main() -> None:
         ModelConfig(dtype=args.dtype, device="cpu"),
         CacheConfig(block_size=16, num_kv_blocks=max(batches) * 30 + 512),
     )
+    runner.wait_greedy_head()
     report: dict[str, Any] = {"dtype": str(runner.dtype), "context": args.context}
     for b in batches:
         report[f"decode_batch{b}_ms"] = profile(runner, b, args.context, args.steps)

@@ -54,7 +54,8 @@ def test_near_ties_resolved_in_full_precision() -> None:
 @pytest.mark.gemma
 def test_real_gemma_head_and_hidden_states() -> None:
     runner = ModelRunner(ModelConfig(dtype="bfloat16", device="cpu"), CacheConfig(num_kv_blocks=64))
-    assert runner.greedy_head is not None
+    head = runner.wait_greedy_head()
+    assert head is not None and runner.greedy_head is head
     texts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time", "1, 2, 3,"]
     reqs = [
         ScheduledRequest(
@@ -72,4 +73,4 @@ def test_real_gemma_head_and_hidden_states() -> None:
     w = runner.model.embed_weight
     for start in range(0, hidden.shape[0], MAX_ROWS):
         x = hidden[start : start + MAX_ROWS]
-        assert torch.equal(runner.greedy_head.argmax(x), full_precision_argmax(x, w))
+        assert torch.equal(head.argmax(x), full_precision_argmax(x, w))
