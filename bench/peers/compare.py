@@ -251,6 +251,8 @@ def main() -> int:
         output_len=(args.output_len, args.output_len),
         seed=0,
     )
+    if "vllm" in args.clients and vllm_client.available():
+        ensure_hf_dir(Path(args.hf_dir), args.gguf)  # the tokenizer vLLM's client reads
     servers = {name: run_peer(name, workload, args) for name in args.servers.split(",")}
     result = {
         "workload": workload.describe(),

@@ -10,7 +10,6 @@ replays another's prompts.
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import tempfile
 import urllib.request
@@ -30,13 +29,6 @@ def served_model(url: str) -> str:
         return str(json.load(resp)["data"][0]["id"])
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def run_level(url: str, tokenizer: str, level: int, num_prompts: int, seed: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
@@ -48,22 +40,21 @@ def run_level(url: str, tokenizer: str, level: int, num_prompts: int, seed: int)
             "--ignore-eos", "--temperature", "0", "--max-concurrency", str(level),
             "--num-prompts", str(num_prompts), "--seed", str(seed), "--num-warmups", "0",
             "--save-result", "--result-dir", tmp, "--result-filename", "r.json",
-            "--disable-tqdm",
+            "--disable-tqdm", "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50,95",
         ]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         path = Path(tmp) / "r.json"
         if done.returncode or not path.exists():
             return {"concurrency": level, "error": done.stderr[-2000:]}
         r = json.loads(path.read_text())
-    ttfts = [t for t, e in zip(r["ttfts"], r["errors"], strict=True) if not e]
-    p50, p95 = percentile(ttfts, 0.5), percentile(ttfts, 0.95)
     return {
         "concurrency": level,
         "output_tokens_per_s": r["output_throughput"],
-        "ttft_p50_s": p50,
-        "ttft_p95_s": p95,
+        "ttft_p50_s": r["p50_ttft_ms"] / 1e3,
+        "ttft_p95_s": r["p95_ttft_ms"] / 1e3,
+        "tpot_p50_s": r["p50_tpot_ms"] / 1e3,
         "completed": r["completed"],
         "failed": r["failed"],
-        "mean_input_tokens": statistics.mean(r["input_lens"]) if r["input_lens"] else None,
-        "mean_output_tokens": statistics.mean(r["output_lens"]) if r["output_lens"] else None,
+        "total_input_tokens": r["total_input_tokens"],
+        "total_output_tokens": r["total_output_tokens"],
     }
