@@ -28,6 +28,9 @@ fi
 LLAMA="$SRC/vendor/llama.cpp"
 [ -f "$LLAMA/CMakeLists.txt" ] || { echo "no vendored llama.cpp in $SDIST" >&2; exit 1; }
 
+# ggml's AMX matmul (compiled in by -march=native where the CPU lists AMX) dies with SIGSEGV
+# on this project's VMs at the first graph: build without it (AVX-512 VNNI/BF16 stay on).
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 nice -n "$NICE" cmake -S "$LLAMA" -B "$WORK/build" -G Ninja \
   -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=ON \
@@ -38,7 +41,8 @@ nice -n "$NICE" cmake -S "$LLAMA" -B "$WORK/build" -G Ninja \
   -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_TOOLS=ON \
-  -DBUILD_SHARED_LIBS=OFF
+  -DBUILD_SHARED_LIBS=OFF \
+  -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX"
 nice -n "$NICE" cmake --build "$WORK/build" --target llama-server -j "$JOBS"
 
 BIN="$(find "$WORK/build" -type f -name llama-server -perm -u+x | head -n1)"

@@ -55,7 +55,9 @@ def cpu_kernels() -> ctypes.CDLL | None:
 
 def _built(compiler: str) -> Path:
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + compiler.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    # -march=native: a cache shared by machines of other CPUs must not hand them this build
+    ident = source + compiler.encode() + " ".join(FLAGS).encode() + _cpu_flags().encode()
+    key = hashlib.sha256(ident).hexdigest()[:16]
     target = cache_root() / "kernels" / f"cpu_kernels-{key}.so"
     if target.exists():
         return target
@@ -76,6 +78,14 @@ def _built(compiler: str) -> Path:
             os.unlink(tmp)
     log.info("built CPU kernels %s", target)
     return target
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
 
 
 def _declare(lib: ctypes.CDLL) -> None:
