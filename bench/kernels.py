@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import forward  # noqa: E402  (beside this script)
 
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.step_inputs import build_step_inputs
@@ -37,13 +42,7 @@ POOL_BLOCKS = 8192
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
+    return forward.best_time(fn, repeats) * 1e3
 
 
 def decode_case(batch: int, context: int, repeats: int) -> dict[str, float]:

@@ -63,22 +63,25 @@ def instrument() -> None:
     model_runner.build_step_inputs = timed("step inputs", model_runner.build_step_inputs)
 
 
+def timed_step(harness: RunnerHarness) -> dict[str, float]:
+    """One step: ms per category, the untimed rest, and the whole step."""
+    SPENT.clear()
+    start = time.perf_counter()
+    harness.step()
+    total = time.perf_counter() - start
+    row = {k: v * 1e3 for k, v in SPENT.items()}
+    row["rest (rotary, KV writes, Python)"] = total * 1e3 - sum(row.values())
+    row["step"] = total * 1e3
+    return row
+
+
 def profile(runner: Any, batch: int, context: int, steps: int) -> dict[str, float]:
     harness = RunnerHarness(runner)
     for i, p in enumerate(forward.prompts(batch, context, runner.vocab_size, 0)):
         harness.add(str(i), p, steps + 2)
     harness.step()
     harness.step()
-    per_step: list[dict[str, float]] = []
-    for _ in range(steps):
-        SPENT.clear()
-        start = time.perf_counter()
-        harness.step()
-        total = time.perf_counter() - start
-        row = {k: v * 1e3 for k, v in SPENT.items()}
-        row["rest (rotary, KV writes, Python)"] = total * 1e3 - sum(row.values())
-        row["step"] = total * 1e3
-        per_step.append(row)
+    per_step = [timed_step(harness) for _ in range(steps)]
     keys = per_step[0].keys()
     return {k: round(statistics.median(r.get(k, 0.0) for r in per_step), 2) for k in keys}
 
@@ -89,14 +92,7 @@ def prefill(runner: Any, seqs: int, length: int) -> dict[str, float]:
         harness = RunnerHarness(runner)
         for i, p in enumerate(forward.prompts(seqs, length, runner.vocab_size, 100 + r)):
             harness.add(str(i), p, 1)
-        SPENT.clear()
-        start = time.perf_counter()
-        harness.step()
-        total = time.perf_counter() - start
-        row = {k: v * 1e3 for k, v in SPENT.items()}
-        row["rest (rotary, KV writes, Python)"] = total * 1e3 - sum(row.values())
-        row["step"] = total * 1e3
-        rows.append(row)
+        rows.append(timed_step(harness))
     best = min(rows[1:], key=lambda r: r["step"])
     return {k: round(v, 2) for k, v in best.items()}
 
