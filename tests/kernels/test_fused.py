@@ -15,6 +15,11 @@ pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason="no C compiler: ke
 GEN = torch.Generator().manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _same_data_in_any_order() -> None:
+    GEN.manual_seed(0)
+
+
 def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
     return (torch.randn(*shape, generator=GEN) * scale).bfloat16()
 
@@ -26,13 +31,13 @@ def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ia - ib).abs()
 
 
-def close_in_bf16(got: torch.Tensor, want: torch.Tensor, share: float) -> None:
+def close_in_bf16(got: torch.Tensor, want: torch.Tensor, share: float, steps: int = 1) -> None:
     assert got.shape == want.shape and got.dtype == want.dtype == torch.bfloat16
     off = got != want
     assert off.float().mean().item() <= share
-    # where they differ: one rounding step, or both tiny
+    # where they differ: `steps` rounding steps at most, or both tiny
     big = off & (want.float().abs() > 1e-3)
-    assert int(ulps(got[big], want[big]).max().item() if big.any() else 0) <= 1
+    assert int(ulps(got[big], want[big]).max().item() if big.any() else 0) <= steps
 
 
 @pytest.mark.parametrize("width", [2048, 1000, 7])  # 16-lane chunks, a tail, only a tail
@@ -71,7 +76,9 @@ def test_rms_norm_rows(offset: bool) -> None:
         want = F.rms_norm(x.float(), dim, scale, 1e-6).to(torch.bfloat16)
     else:
         want = scale * F.rms_norm(x.float(), dim, None, 1e-6).to(torch.bfloat16)
-    close_in_bf16(got, want, share=0.001)
+    # Llama rounds twice (before and after the weight): a one-step difference in the first
+    # rounding can become two after the second
+    close_in_bf16(got, want, share=0.001, steps=1 if offset else 2)
 
 
 def test_rms_norm_of_head_views_with_per_head_scales() -> None:
@@ -90,8 +97,13 @@ def test_rms_norm_with_residual() -> None:
     scale = 1 + torch.randn(640, generator=GEN) * 0.2
     got = fused.rms_norm(x, scale, 1e-6, cast_first=False, residual=res)
     assert got is not None
-    want = res + F.rms_norm(x.float(), (640,), scale, 1e-6).to(torch.bfloat16)
-    close_in_bf16(got, want, share=0.001)
+    normed = F.rms_norm(x.float(), (640,), scale, 1e-6).to(torch.bfloat16)
+    want = res + normed
+    assert got.dtype == torch.bfloat16 and (got != want).float().mean().item() <= 0.01
+    # a one-step difference in the norm is many steps of a sum that cancels: bound it by the
+    # operands' size (a step of the norm and the rounding of the sum), not by the sum's
+    bound = 2**-6 * (res.float().abs() + normed.float().abs())
+    assert bool(((got.float() - want.float()).abs() <= bound).all())
 
 
 def test_float32_never_fused() -> None:

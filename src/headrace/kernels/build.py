@@ -45,18 +45,23 @@ def cpu_kernels() -> ctypes.CDLL | None:
         log.warning("no C compiler found: CPU kernels off, torch paths used")
         return None
     try:
-        lib = ctypes.CDLL(str(_built(compiler)))
+        return load(compiler, FLAGS)
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("CPU kernels unavailable (%s): torch paths used", e)
         return None
+
+
+def load(compiler: str, flags: list[str]) -> ctypes.CDLL:
+    """Build with `flags` (tests build the portable paths with an older -march) and load."""
+    lib = ctypes.CDLL(str(_built(compiler, flags)))
     _declare(lib)
     return lib
 
 
-def _built(compiler: str) -> Path:
+def _built(compiler: str, flags: list[str] = FLAGS) -> Path:
     source = SOURCE.read_bytes()
     # -march=native: a cache shared by machines of other CPUs must not hand them this build
-    ident = source + compiler.encode() + " ".join(FLAGS).encode() + _cpu_flags().encode()
+    ident = source + compiler.encode() + " ".join(flags).encode() + _cpu_flags().encode()
     key = hashlib.sha256(ident).hexdigest()[:16]
     target = cache_root() / "kernels" / f"cpu_kernels-{key}.so"
     if target.exists():
@@ -67,7 +72,7 @@ def _built(compiler: str) -> Path:
     os.close(fd)
     try:
         subprocess.run(
-            [compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"],
+            [compiler, *flags, "-o", tmp, str(SOURCE), "-lm"],
             check=True,
             capture_output=True,
             timeout=120,

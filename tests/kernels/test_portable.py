@@ -1,0 +1,52 @@
+"""The kernels' portable C paths (what a CPU without AVX-512, or without AVX-512 BF16, runs),
+built here with an older -march and checked against torch like the native build."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from headrace.kernels import argmax, build, fused, int8_head, paged_decode
+from kernels import test_argmax, test_fused, test_int8_head, test_paged_decode
+
+MARCHES = ["x86-64-v3", "skylake-avx512"]  # AVX2 only; AVX-512 without BF16
+
+
+@pytest.fixture(params=MARCHES)
+def portable(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("HEADRACE_CACHE", str(tmp_path))
+    flags = [f"-march={request.param}" if f == "-march=native" else f for f in build.FLAGS]
+    lib = build.load(compiler, [f for f in flags if not f.startswith("-mprefer")])
+    for module in (argmax, fused, int8_head, paged_decode):
+        monkeypatch.setattr(module, "cpu_kernels", lambda lib=lib: lib)
+    yield request.param
+
+
+def test_paged_decode_portable(portable: str) -> None:
+    for shape in [(4, 1, 256), (6, 2, 64), (3, 3, 8)]:
+        test_paged_decode.test_kernel_matches_gathered_sdpa(*shape, torch.bfloat16)
+        test_paged_decode.test_kernel_matches_gathered_sdpa(*shape, torch.float32)
+
+
+def test_argmax_and_head_portable(portable: str) -> None:
+    test_argmax.test_ties_infinities_and_nan(torch.bfloat16)
+    test_argmax.test_random_rows(torch.float32, 1025)
+    for rows in (1, 3, 6):
+        test_int8_head.test_random_head_every_row_count(rows)
+
+
+def test_fused_portable(portable: str) -> None:
+    test_fused.test_gelu_tanh_mul(1000)
+    test_fused.test_silu_mul()
+    test_fused.test_rms_norm_rows(True)
+    test_fused.test_rms_norm_rows(False)
+    test_fused.test_rms_norm_with_residual()
