@@ -189,9 +189,8 @@ class ModelRunner:
             if not inputs.sampled:
                 return RunnerOutput(sampled={})
             rows = hidden[inputs.sample_rows]  # [S, H]
-            if self._int8_greedy(inputs.sampled):
-                assert self.greedy_head is not None
-                tokens = self.greedy_head.argmax(rows).tolist()
+            if head := self._greedy_head_for(inputs.sampled):
+                tokens = head.argmax(rows).tolist()
                 logprobs: list[TokenLogprobs | None] = [None] * len(tokens)
             else:
                 logits = self.model.compute_logits(rows)  # [S, V]
@@ -210,13 +209,14 @@ class ModelRunner:
     def wait_greedy_head(self) -> Int8GreedyHead | None:
         return self._greedy_head.result()
 
-    def _int8_greedy(self, sampled: list[ScheduledRequest]) -> bool:
-        """Whether the exact int8 greedy head serves this step (see kernels/int8_head.py)."""
-        return (
-            self.greedy_head is not None
-            and len(sampled) <= INT8_HEAD_MAX_ROWS
-            and all(r.params.greedy and r.params.logprobs is None for r in sampled)
-        )
+    def _greedy_head_for(self, sampled: list[ScheduledRequest]) -> Int8GreedyHead | None:
+        """The exact int8 greedy head, where it serves this step (see kernels/int8_head.py)."""
+        head = self.greedy_head
+        if head is None or len(sampled) > INT8_HEAD_MAX_ROWS:
+            return None
+        if not all(r.params.greedy and r.params.logprobs is None for r in sampled):
+            return None
+        return head
 
     def _validate(self, out: SchedulerOutput) -> None:
         for req in out.scheduled:
@@ -255,10 +255,8 @@ class ModelRunner:
 
 
 def _int8_greedy_head(model: CausalLM) -> Int8GreedyHead | None:
-    """An int8 copy of a tied bf16 head on the CPU, unless `HEADRACE_INT8_HEAD=0`. The final
-    softcap (tanh) keeps the order of the logits, so the argmax needs no cap."""
-    if os.environ.get("HEADRACE_INT8_HEAD", "1") in ("0", "false", "no", "off"):
-        return None
+    """An int8 copy of a tied bf16 head on the CPU. The final softcap (tanh) keeps the order of
+    the logits, so the argmax needs no cap."""
     if model.lm_head is not None or not int8_head_supported(model.embed_weight):
         return None
     return Int8GreedyHead(model.embed_weight)

@@ -35,12 +35,12 @@ class Sampler:
         greedy = [i for i, r in enumerate(requests) if r.params.greedy]
         drawn = [i for i, r in enumerate(requests) if not r.params.greedy]
         if not drawn:  # greedy needs no float32 copy of a [S, 262k] bf16 tensor
-            chosen = _argmax(logits).tolist()
+            chosen = argmax_rows(logits).tolist()
         else:
             tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
             if greedy:
                 rows = torch.tensor(greedy, device=logits.device)
-                tokens[rows] = _argmax(logits.index_select(0, rows))
+                tokens[rows] = argmax_rows(logits.index_select(0, rows))
             rows = torch.tensor(drawn, device=logits.device)
             sub = logits.index_select(0, rows).float()
             tokens[rows] = self._draw(sub, [requests[i] for i in drawn])
@@ -61,17 +61,12 @@ class Sampler:
         target = (u * cdf[:, -1])[:, None]  # [R, 1]
         idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first cdf > target: p > 0
         # Rounding can push the target to the very end; fall back to the likeliest token.
-        return torch.where(idx >= probs.shape[1], _argmax(probs), idx)
+        return torch.where(idx >= probs.shape[1], argmax_rows(probs), idx)
 
     def _uniform(self, req: ScheduledRequest) -> float:
         if req.params.seed is None:
             return self._rng.random()
         return seeded_uniform(req.params.seed, req.num_output_tokens)
-
-
-def _argmax(x: torch.Tensor) -> torch.Tensor:
-    """[R, V] -> [R]: the first maximum, like argmax."""
-    return argmax_rows(x)
 
 
 def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:

@@ -31,14 +31,15 @@ FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shar
 I64, F32, PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
-def enabled() -> bool:
-    return os.environ.get("HEADRACE_CPU_KERNELS", "1") not in ("0", "false", "no", "off")
+def switched_on(var: str) -> bool:
+    """An on/off environment switch, on unless set to 0 / false / no / off."""
+    return os.environ.get(var, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 @functools.cache
 def cpu_kernels() -> ctypes.CDLL | None:
     """The loaded library, or None where it cannot be built here."""
-    if not enabled():
+    if not switched_on("HEADRACE_CPU_KERNELS"):
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:

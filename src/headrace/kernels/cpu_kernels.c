@@ -65,7 +65,7 @@ static inline __m512 f32_load16(const float *p) { return _mm512_loadu_ps(p); }
 #define DEFINE_SCORES16(NAME, T, LOAD16)                                                      \
     static inline __attribute__((always_inline)) void NAME(                                  \
         const float *qf, const T *kc, const T *vc, const int64_t *off, int64_t n, int64_t D, \
-        int G, float *s) {                                                                   \
+        float *s, int G) {                                                                   \
         for (int64_t i = 0; i < n; i++) {                                                    \
             const T *k = kc + off[i];                                                        \
             if (i + PREFETCH_ROWS < n) { /* rows of scattered blocks: the prefetcher stalls */ \
@@ -89,8 +89,8 @@ static inline __m512 f32_load16(const float *p) { return _mm512_loadu_ps(p); }
 /* acc [G, D] = sum_i w[g * n + i] * v_i, one 16-wide column chunk at a time in registers. */
 #define DEFINE_WSUM16(NAME, T, LOAD16)                                                        \
     static inline __attribute__((always_inline)) void NAME(                                  \
-        const float *w, const T *vc, const int64_t *off, int64_t n, int64_t D, int G,        \
-        float *acc) {                                                                        \
+        const float *w, const T *vc, const int64_t *off, int64_t n, int64_t D, float *acc,   \
+        int G) {                                                                             \
         for (int64_t c = 0; c < D; c += LANES) {                                             \
             __m512 a[MAXG];                                                                  \
             for (int g = 0; g < G; g++) a[g] = _mm512_setzero_ps();                         \
@@ -109,10 +109,10 @@ DEFINE_WSUM16(wsum16_f32, float, f32_load16)
 /* A constant G in each call lets the compiler unroll the g loops and keep acc in registers. */
 #define DISPATCH_G(FN, G, ...)                                                                \
     switch (G) {                                                                             \
-    case 1: FN(__VA_ARGS__, 1, _out); break;                                                 \
-    case 2: FN(__VA_ARGS__, 2, _out); break;                                                 \
-    case 4: FN(__VA_ARGS__, 4, _out); break;                                                 \
-    default: FN(__VA_ARGS__, 8, _out); break;                                                \
+    case 1: FN(__VA_ARGS__, 1); break;                                                       \
+    case 2: FN(__VA_ARGS__, 2); break;                                                       \
+    case 4: FN(__VA_ARGS__, 4); break;                                                       \
+    default: FN(__VA_ARGS__, 8); break;                                                      \
     }
 #define FAST_OK(G, D) ((D) % LANES == 0 && ((G) == 1 || (G) == 2 || (G) == 4 || (G) == 8))
 #else
@@ -146,8 +146,7 @@ DEFINE_WSUM16(wsum16_f32, float, f32_load16)
                 for (int64_t d = 0; d < D; d++)                                              \
                     qf[g * D + d] = LOAD(q, (b * Hq + h * G + g) * D + d) * scale;           \
             if (fast) {                                                                      \
-                float *_out = s;                                                             \
-                DISPATCH_G(SCORES16, G, qf, kc, vc, off, n, D)                                   \
+                DISPATCH_G(SCORES16, G, qf, kc, vc, off, n, D, s)                            \
             } else {                                                                         \
                 for (int64_t i = 0; i < n; i++)                                              \
                     for (int64_t g = 0; g < G; g++) {                                        \
@@ -167,8 +166,7 @@ DEFINE_WSUM16(wsum16_f32, float, f32_load16)
                 for (int64_t i = 0; i < n; i++) s[g * n + i] /= sum;                         \
             }                                                                                \
             if (fast) {                                                                      \
-                float *_out = acc;                                                           \
-                DISPATCH_G(WSUM16, G, s, vc, off, n, D)                                      \
+                DISPATCH_G(WSUM16, G, s, vc, off, n, D, acc)                                 \
             } else {                                                                         \
                 memset(acc, 0, sizeof(float) * (size_t)(G * D));                             \
                 for (int64_t i = 0; i < n; i++)                                              \
@@ -307,7 +305,7 @@ void head_argmax_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, 
                 for (int l = 0; l < 16; l++) {
                     float acc = 0.0f;
                     for (int64_t d = 0; d < H; d++)
-                        acc += x[m0 * H + d] * (float)packed[(g * H + d) * 16 + l];
+                        acc += x[m0 * H + d] * (float)p[((g - grp) * H + d) * 16 + l];
                     approx[m0 * V16 + g * 16 + l] = acc * s[g * 16 + l];
                 }
             m0 += 1;

@@ -17,14 +17,20 @@ from __future__ import annotations
 
 import torch
 
-from headrace.kernels.build import cpu_kernels
+from headrace.kernels.build import cpu_kernels, switched_on
 
 MAX_ROWS = 6  # measured break-even near 8 rows (bench/kernels.py)
 _CHUNK = 16384  # rows quantized at a time: a bounded fp32 temporary
 
 
 def supported(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and bool(cpu_kernels())
+    """bf16 on the CPU with the kernels built, unless `HEADRACE_INT8_HEAD=0`."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and switched_on("HEADRACE_INT8_HEAD")
+        and cpu_kernels() is not None
+    )
 
 
 class Int8GreedyHead:
