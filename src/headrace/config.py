@@ -49,6 +49,9 @@ class CacheConfig:
     block_size: int = _f(16, "tokens per KV-cache block")
     kv_cache_memory_gb: float = _f(1.0, "memory for the paged KV cache, GiB")
     num_kv_blocks: int | None = _f(None, "exact number of KV blocks (overrides the memory budget)")
+    enable_prefix_caching: bool = _f(
+        True, "reuse the KV blocks of a prompt prefix seen before (within one tenant's salt)"
+    )
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -129,6 +129,7 @@ class Request:
     priority: int = 1  # lower is more urgent (paid=0, free=1, batch=2)
     tenant: str = "default"
     weight: float = 1.0  # fair-share weight of the tenant within its priority
+    cache_salt: str = ""  # requests share cached KV blocks only with requests of the same salt
     arrival_time: float = field(default_factory=time.monotonic)
     deadline: float | None = None  # monotonic; past it the request ends with `timeout`
     queue_deadline: float | None = None  # monotonic; not started by then -> `overloaded`
@@ -136,6 +137,7 @@ class Request:
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when first scheduled
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
 

@@ -59,6 +59,7 @@ class FakeRunner:
         fail_when: Callable[[SchedulerOutput], bool] | None = None,
         step_delay_s: float = 0.0,
         tokenizer: object | None = None,
+        poison_full_blocks: bool = False,
     ) -> None:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
@@ -71,6 +72,9 @@ class FakeRunner:
         self.step_delay_s = step_delay_s
         self.tokenizer = tokenizer
         self.model_name = "fake"
+        # A full block may outlive its request in the prefix cache: poisoned only when the
+        # engine caches nothing.
+        self.poison_full_blocks = poison_full_blocks
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.steps.append(out)
@@ -81,7 +85,8 @@ class FakeRunner:
         # A finished request's blocks are poisoned so that a stale read fails loudly.
         for rid in out.finished_ids:
             for block, owner in list(self.owner.items()):
-                if owner == rid:
+                full = None not in self.kv[block]
+                if owner == rid and (self.poison_full_blocks or not full):
                     self.kv[block] = [None] * self.block_size
                     del self.owner[block]
         sampled = {}
@@ -103,11 +108,15 @@ class FakeRunner:
 
 
 def make_scheduler(
-    num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, **cfg: object
+    num_blocks: int = 64,
+    block_size: int = 4,
+    max_model_len: int = 256,
+    enable_prefix_caching: bool = False,
+    **cfg: object,
 ) -> Scheduler:
     return Scheduler(
         SchedulerConfig(**cfg),  # type: ignore[arg-type]
-        BlockManager(num_blocks, block_size),
+        BlockManager(num_blocks, block_size, enable_prefix_caching),
         max_model_len,
     )
 
@@ -130,7 +139,9 @@ def make_request(
     )
 
 
-_OPTION_FIELDS = ("priority", "tenant", "weight", "timeout_s", "queue_timeout_s", "arrival_time")
+_OPTION_FIELDS = (
+    "priority", "tenant", "weight", "timeout_s", "queue_timeout_s", "arrival_time", "cache_salt",
+)  # fmt: skip
 
 
 def make_prompt(seed: int, length: int) -> list[int]:
@@ -145,15 +156,17 @@ class FakeEngine:
         runner: FakeRunner | None = None,
         clock: Callable[[], float] | None = None,
         queue: WaitingQueue | None = None,
+        enable_prefix_caching: bool = False,
         **cfg: object,
     ) -> None:
-        self.runner = runner or FakeRunner()
+        self.runner = runner or FakeRunner(poison_full_blocks=not enable_prefix_caching)
         self.now = 0.0
         self.core = EngineCore(
             SchedulerConfig(**cfg),  # type: ignore[arg-type]
             self.runner,
             queue,
             clock or (lambda: self.now),
+            enable_prefix_caching=enable_prefix_caching,
         )
         self.tokens: dict[str, list[int]] = {}
         self.finished: dict[str, RequestOutput] = {}

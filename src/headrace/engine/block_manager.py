@@ -1,12 +1,18 @@
 """Paged KV-cache bookkeeping: which fixed-size blocks each request owns (pure Python, no torch).
 
 The block manager answers "does this fit" with blocks or `None`; whom to preempt when it does
-not is the scheduler's decision.
+not is the scheduler's decision. With prefix caching on, a block may be owned by several
+requests (reference counts): `match` gives a new request the cached blocks of its prefix, and
+`cache_computed` makes a request's full, computed blocks findable for later ones. A block
+nobody owns is free: never used, or parked in the prefix cache until an allocation evicts it.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Sequence
+
+from headrace.engine.prefix_cache import BlockHash, PrefixCache, block_hash, root_hash
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -15,21 +21,34 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: deque[int] = deque(range(num_blocks))  # unowned and not cached
+        self._refs = [0] * num_blocks
         self._tables: dict[str, list[int]] = {}
+        self.cache = PrefixCache() if enable_caching else None
+        self._chains: dict[str, list[BlockHash]] = {}  # hashes of each table's cached head
+
+    @property
+    def caching(self) -> bool:
+        return self.cache is not None
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks an allocation may take: never used, or cached without an owner."""
+        return len(self._free) + (self.cache.num_parked if self.cache else 0)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks findable by their prefix, owned or not."""
+        return self.cache.num_hashed if self.cache else 0
 
     @property
     def capacity_tokens(self) -> int:
@@ -42,18 +61,22 @@ class BlockManager:
     def num_blocks_of(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ()))
 
+    def num_freeable(self, request_id: str) -> int:
+        """Blocks that freeing the request would give back (those no other request shares)."""
+        return sum(1 for b in self._tables.get(request_id, ()) if self._refs[b] == 1)
+
     def blocks_needed(self, request_id: str, num_tokens: int) -> int:
         """Extra blocks the request needs so that its table covers `num_tokens` tokens."""
         have = len(self._tables.get(request_id, ()))
         return max(0, blocks_for(num_tokens, self.block_size) - have)
 
     def can_fit(self, request_id: str, num_tokens: int) -> bool:
-        return self.blocks_needed(request_id, num_tokens) <= len(self._free)
+        return self.blocks_needed(request_id, num_tokens) <= self.num_free_blocks
 
     def max_tokens_fitting(self, request_id: str) -> int:
         """The most tokens the request's table could cover with every free block added."""
         have = len(self._tables.get(request_id, ()))
-        return (have + len(self._free)) * self.block_size
+        return (have + self.num_free_blocks) * self.block_size
 
     def allocate(self, request_id: str, num_tokens: int) -> list[int] | None:
         """Grow the request's table to cover `num_tokens` tokens.
@@ -62,43 +85,121 @@ class BlockManager:
         the free pool is too small.
         """
         need = self.blocks_needed(request_id, num_tokens)
-        if need > len(self._free):
+        if need > self.num_free_blocks:
             return None
-        new = [self._free.popleft() for _ in range(need)]
+        new = [self._take() for _ in range(need)]
         self._tables.setdefault(request_id, []).extend(new)
         return new
 
     def free(self, request_id: str) -> int:
-        """Return all of the request's blocks to the pool; returns how many were freed."""
+        """Let go of all of the request's blocks; returns how many it held."""
         table = self._tables.pop(request_id, [])
-        self._free.extend(table)
+        self._chains.pop(request_id, None)
+        # Tail first: of one request's parked blocks, its last ones are evicted first.
+        for block in reversed(table):
+            self._refs[block] -= 1
+            if self._refs[block] == 0 and not (self.cache and self.cache.park(block)):
+                self._free.append(block)
         return len(table)
 
     def owners(self) -> list[str]:
         return list(self._tables)
 
+    # -- prefix caching ---------------------------------------------------------------------
+
+    def match(self, request_id: str, token_ids: Sequence[int], salt: str) -> int:
+        """Give a request without blocks the cached blocks of its longest cached prefix.
+
+        Returns the tokens they hold: whole blocks, never all of `token_ids` (the last token
+        is left to compute, so that the step has logits to sample from). 0 without caching.
+        """
+        if self.cache is None or request_id in self._tables:
+            return 0
+        bs = self.block_size
+        chain: list[BlockHash] = []
+        table: list[int] = []
+        parent = root_hash(salt)
+        for i in range((len(token_ids) - 1) // bs):
+            h = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            block = self.cache.lookup(h)
+            if block is None:
+                break
+            if self._refs[block] == 0:
+                self.cache.unpark(block)
+            self._refs[block] += 1
+            chain.append(h)
+            table.append(block)
+            parent = h
+        if table:
+            self._tables[request_id] = table
+            self._chains[request_id] = chain
+        return len(table) * bs
+
+    def num_uncached_full_blocks(self, request_id: str, num_computed_tokens: int) -> int:
+        """Full computed blocks of the request not yet offered to the cache (0 without one)."""
+        if self.cache is None:
+            return 0
+        done = len(self._chains.get(request_id, ()))
+        return num_computed_tokens // self.block_size - done
+
+    def cache_computed(
+        self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int, salt: str
+    ) -> None:
+        """Make the request's full blocks up to `num_computed_tokens` findable by prefix.
+
+        `token_ids` are the request's tokens (at least the computed ones). A block whose
+        prefix another block already holds (two requests computed it at once) stays private.
+        """
+        if self.cache is None:
+            return
+        bs = self.block_size
+        table = self._tables[request_id]
+        chain = self._chains.setdefault(request_id, [])
+        parent = chain[-1] if chain else root_hash(salt)
+        for i in range(len(chain), num_computed_tokens // bs):
+            parent = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            self.cache.register(table[i], parent)
+            chain.append(parent)
+
+    # -- checks -----------------------------------------------------------------------------
+
     def check_invariants(self, num_tokens_by_request: dict[str, int] | None = None) -> None:
-        """Raise AssertionError unless every block is free or owned by exactly one request.
+        """Raise AssertionError unless every block is free, parked in the cache, or owned by
+        as many tables as its reference count says (and at most once by each).
 
         With `num_tokens_by_request` (request id -> tokens that have KV entries; call between
         steps), also check that each table holds exactly the blocks those tokens need.
         """
-        seen: dict[int, str] = {}
-        for block in self._free:
-            if not 0 <= block < self.num_blocks:
-                raise AssertionError(f"free block {block} out of range")
-            if block in seen:
-                raise AssertionError(f"block {block} is free twice")
-            seen[block] = "<free>"
+        owners: Counter[int] = Counter()
         for rid, table in self._tables.items():
+            if len(set(table)) != len(table):
+                raise AssertionError(f"{rid} holds a block twice")
             for block in table:
                 if not 0 <= block < self.num_blocks:
                     raise AssertionError(f"block {block} of {rid} out of range")
-                if block in seen:
-                    raise AssertionError(f"block {block} owned by {rid} and {seen[block]}")
-                seen[block] = rid
-        if len(seen) != self.num_blocks:
-            raise AssertionError(f"{self.num_blocks - len(seen)} blocks leaked")
+            owners.update(table)
+        for block in range(self.num_blocks):
+            refs, owned = self._refs[block], owners[block]
+            if owned > refs:
+                raise AssertionError(f"block {block} owned by {owned} tables, counted {refs}")
+            if owned < refs:
+                raise AssertionError(f"block {block} leaked: counted {refs}, owned by {owned}")
+        if len(set(self._free)) != len(self._free):
+            raise AssertionError("a block is free twice")
+        for block in self._free:
+            if not 0 <= block < self.num_blocks:
+                raise AssertionError(f"free block {block} out of range")
+            if self._refs[block] != 0:
+                raise AssertionError(f"block {block} is free and owned by {self._refs[block]}")
+            if self.cache is not None and self.cache.is_parked(block):
+                raise AssertionError(f"block {block} is free and parked")
+        if self.cache is not None:
+            self.cache.check_invariants(self._refs)
+        if len(owners) + self.num_free_blocks != self.num_blocks:
+            raise AssertionError(f"{self.num_blocks - len(owners) - self.num_free_blocks} leaked")
+        for rid, chain in self._chains.items():
+            if len(chain) > len(self._tables.get(rid, ())):
+                raise AssertionError(f"{rid} has hashes for more blocks than it holds")
         if num_tokens_by_request is None:
             return
         for rid, n in num_tokens_by_request.items():
@@ -108,3 +209,14 @@ class BlockManager:
         for rid in self._tables:
             if rid not in num_tokens_by_request:
                 raise AssertionError(f"blocks owned by {rid}, which the scheduler does not run")
+
+    def _take(self) -> int:
+        if self._free:
+            block = self._free.popleft()
+        else:
+            assert self.cache is not None  # num_free_blocks counted the parked ones
+            evicted = self.cache.evict()
+            assert evicted is not None
+            block = evicted
+        self._refs[block] = 1
+        return block

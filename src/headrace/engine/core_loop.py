@@ -83,7 +83,8 @@ class CoreSpec:
         else:
             runner = self.runner_factory(self.model_config, self.cache_config)
         queue = self.queue_factory() if self.queue_factory is not None else None
-        return EngineCore(self.scheduler_config, runner, queue)
+        caching = self.cache_config.enable_prefix_caching
+        return EngineCore(self.scheduler_config, runner, queue, enable_prefix_caching=caching)
 
 
 def ready_message(core: EngineCore, served_model_name: str | None) -> CoreReady:

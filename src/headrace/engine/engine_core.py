@@ -59,12 +59,16 @@ class EngineCoreRequest:
     # time.monotonic() when the request reached the front end (CLOCK_MONOTONIC is system-wide,
     # so it holds in a core process on the same machine); None: arrival at the core.
     arrival_time: float | None = None
+    # Requests share cached prefix blocks only within one salt; None: the tenant's name.
+    cache_salt: str | None = None
 
     def validate(self) -> None:
         """ValueError for a field of the wrong type or range. An unpickled copy skipped its
         checks, so the core calls this before a field can reach the scheduler's arithmetic."""
         if not isinstance(self.request_id, str) or not isinstance(self.tenant, str):
             raise ValueError("request_id and tenant must be strings")
+        if self.cache_salt is not None and not isinstance(self.cache_salt, str):
+            raise ValueError(f"cache_salt must be a string or None, got {self.cache_salt!r}")
         ids = self.prompt_token_ids
         if not isinstance(ids, list | tuple) or not all(type(t) is int and t >= 0 for t in ids):
             raise ValueError("prompt_token_ids must be a list of non-negative integers")
@@ -94,10 +98,13 @@ class EngineCore:
         runner: Runner,
         queue: WaitingQueue | None = None,
         clock: Callable[[], float] = time.monotonic,
+        enable_prefix_caching: bool = False,
     ) -> None:
         self.runner = runner
         self.clock = clock
-        self.block_manager = BlockManager(runner.num_kv_blocks, runner.block_size)
+        self.block_manager = BlockManager(
+            runner.num_kv_blocks, runner.block_size, enable_prefix_caching
+        )
         self.scheduler = Scheduler(
             scheduler_config, self.block_manager, runner.max_model_len, queue, clock
         )
@@ -116,7 +123,9 @@ class EngineCore:
         """Load the model named by `model_config` and build a core around it."""
         from headrace.engine.model_runner import ModelRunner  # torch: import only when needed
 
-        return cls(scheduler_config, ModelRunner(model_config, cache_config), queue)
+        runner = ModelRunner(model_config, cache_config)
+        caching = cache_config.enable_prefix_caching
+        return cls(scheduler_config, runner, queue, enable_prefix_caching=caching)
 
     @property
     def max_model_len(self) -> int:
@@ -138,6 +147,7 @@ class EngineCore:
                 priority=r.priority,
                 tenant=r.tenant,
                 weight=r.weight,
+                cache_salt=r.tenant if r.cache_salt is None else r.cache_salt,
                 arrival_time=start,
                 deadline=None if r.timeout_s is None else start + r.timeout_s,
                 queue_deadline=None if r.queue_timeout_s is None else start + r.queue_timeout_s,

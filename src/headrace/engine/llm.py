@@ -44,12 +44,12 @@ class LLM:
     ) -> None:
         """Load the model (or use `runner`, which must have a `tokenizer`)."""
         sched = scheduler_config or SchedulerConfig()
+        cache = cache_config or CacheConfig()
         if runner is None:
-            self.core = EngineCore.from_configs(
-                model_config or ModelConfig(), cache_config or CacheConfig(), sched, queue
-            )
+            self.core = EngineCore.from_configs(model_config or ModelConfig(), cache, sched, queue)
         else:
-            self.core = EngineCore(sched, runner, queue)
+            caching = cache.enable_prefix_caching
+            self.core = EngineCore(sched, runner, queue, enable_prefix_caching=caching)
         self.tokenizer: Any = getattr(self.core.runner, "tokenizer", None)
         self._counter = 0
 

@@ -66,6 +66,7 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     error: str | None = None  # set with finish_reason ERROR
     queue_time: float | None = None  # arrival -> first scheduled, seconds (set once started)
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache held when first scheduled
 
     @property
     def finished(self) -> bool:
@@ -94,6 +95,15 @@ class StepStats:
     # Tokens computed (prefill + decode) since the engine started: throughput over wall time,
     # step overheads included, is its change over time.
     num_tokens_total: int = 0
+    kv_blocks_cached: int = 0  # blocks findable by prefix (owned or parked)
+    # Prompt tokens looked up in the prefix cache, and found, at each request's admission.
+    prefix_cache_queries_total: int = 0
+    prefix_cache_hits_total: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        q = self.prefix_cache_queries_total
+        return self.prefix_cache_hits_total / q if q else 0.0
 
     @property
     def kv_usage(self) -> float:

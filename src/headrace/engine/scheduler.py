@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 from headrace.config import SchedulerConfig
 from headrace.engine.admission import make_admission
-from headrace.engine.block_manager import BlockManager, blocks_for
+from headrace.engine.block_manager import BlockManager
 from headrace.engine.fair_queue import FairQueue
 from headrace.engine.limits import check_fits
 from headrace.engine.outputs import (
@@ -73,6 +73,8 @@ class Scheduler:
         self.running: list[Request] = []  # in rank order: priority, then arrival
         self.num_preemptions_total = 0
         self.num_tokens_total = 0  # computed in all steps so far: the gateway's throughput
+        self.prefix_queries_total = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits_total = 0  # ... and found there
         self._pending: list[RequestOutput] = []  # finished outside a step (abort, deadline)
         self._finished_ids: list[str] = []  # for the runner to drop their state
         self._last_prefill = 0  # prompt tokens in the last scheduled step
@@ -160,6 +162,10 @@ class Scheduler:
 
     def _update_one(self, req: Request, s: ScheduledRequest, result: RunnerOutput) -> None:
         req.num_computed_tokens = s.start_pos + len(s.token_ids)
+        if self.blocks.num_uncached_full_blocks(req.request_id, req.num_computed_tokens) > 0:
+            self.blocks.cache_computed(
+                req.request_id, req.all_token_ids, req.num_computed_tokens, req.cache_salt
+            )
         if not s.sample:
             return
         token = result.sampled.get(s.request_id)
@@ -205,25 +211,45 @@ class Scheduler:
             req = self.admission.next_candidate(self.queue, now)
             if req is None or req.request_id in preempted:
                 break
+            hit = self._match_prefix(req)
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self._room_for(req, n):
                 refund = self._preempt_for_priority(req, n, plan, preempted)
                 if refund is None:
+                    self._unmatch(req)
                     break
                 budget += refund
+            if self.blocks.allocate(req.request_id, req.num_computed_tokens + n) is None:
+                self._unmatch(req)  # victims' blocks were shared after all: wait a step
+                break
             if req is self.queue.peek():
                 self.queue.pop()
             else:
                 self.queue.remove(req)
-            self.blocks.allocate(req.request_id, req.num_computed_tokens + n)
             req.status = RequestStatus.RUNNING
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
+                req.num_cached_tokens = hit
+                self.prefix_queries_total += req.num_prompt_tokens if self.blocks.caching else 0
+                self.prefix_hits_total += hit
             self.running.append(req)
             self.running.sort(key=_rank)
             plan[req.request_id] = n
             budget -= n
         return budget
+
+    def _match_prefix(self, req: Request) -> int:
+        """Start a waiting request at its cached prefix; returns the tokens found."""
+        if not self.blocks.caching or self.blocks.num_blocks_of(req.request_id):
+            return 0
+        tokens = req.prompt_token_ids if not req.output_token_ids else req.all_token_ids
+        req.num_computed_tokens = self.blocks.match(req.request_id, tokens, req.cache_salt)
+        return req.num_computed_tokens
+
+    def _unmatch(self, req: Request) -> None:
+        """A request that stays waiting lets go of the cached blocks it matched."""
+        self.blocks.free(req.request_id)
+        req.num_computed_tokens = 0
 
     def _room_for(self, req: Request, n: int) -> bool:
         if len(self.running) >= self.config.max_num_seqs:
@@ -245,9 +271,9 @@ class Scheduler:
         victims = priority_victims(
             self.running,
             req,
-            need_blocks=blocks_for(req.num_computed_tokens + n, self.blocks.block_size),
+            need_blocks=self.blocks.blocks_needed(req.request_id, req.num_computed_tokens + n),
             free_blocks=self.blocks.num_free_blocks,
-            blocks_of=lambda r: self.blocks.num_blocks_of(r.request_id),
+            blocks_of=lambda r: self.blocks.num_freeable(r.request_id),
             max_num_seqs=self.config.max_num_seqs,
             max_preemptions=self.config.max_preemptions,
         )
@@ -334,6 +360,7 @@ class Scheduler:
             logprobs=logprobs or [],
             error=error,
             queue_time=None if started is None else started - req.arrival_time,
+            num_cached_tokens=req.num_cached_tokens,
         )
 
     # -- statistics ---------------------------------------------------------------------
@@ -344,4 +371,5 @@ class Scheduler:
         return collect_stats(
             self.running, self.queue, self.blocks, self.num_preemptions_total,
             batched, min(self._last_prefill, batched), step_duration, self.num_tokens_total,
+            (self.prefix_queries_total, self.prefix_hits_total),
         )  # fmt: skip

@@ -19,7 +19,9 @@ def collect_stats(
     num_prefill_tokens: int,
     step_duration: float,
     num_tokens_total: int = 0,
+    prefix_cache: tuple[int, int] = (0, 0),
 ) -> StepStats:
+    """`prefix_cache`: prompt tokens looked up in the prefix cache so far, and found."""
     return StepStats(
         step_duration=step_duration,
         num_running=len(running),
@@ -35,6 +37,9 @@ def collect_stats(
         + sum(r.params.max_tokens - r.num_output_tokens for r in running),
         waiting_by_priority=waiting_by_priority(queue),
         num_tokens_total=num_tokens_total,
+        kv_blocks_cached=blocks.num_cached_blocks,
+        prefix_cache_queries_total=prefix_cache[0],
+        prefix_cache_hits_total=prefix_cache[1],
     )
 
 
