@@ -149,9 +149,11 @@ def tiny_server_args(model_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def read_metrics(url: str) -> dict[str, float]:
+def read_metrics(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
     """Prometheus text as `{'name{labels}': value}`; `name` alone sums every label set."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+    r = httpx.get(url + "/metrics", headers=headers, timeout=10)
+    assert r.status_code == 200, r.text
+    text = r.text
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):

@@ -82,7 +82,16 @@ def test_chat_stream_equals_whole(sdk: openai.OpenAI, api_model_dir: Path) -> No
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == msg.content
-    assert chunks[-1].usage == whole.usage
+    usage = chunks[-1].usage
+    assert usage is not None and whole.usage.prompt_tokens_details is not None
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (
+        whole.usage.prompt_tokens, whole.usage.completion_tokens, whole.usage.total_tokens,
+    )  # fmt: skip
+    # The same chat again: its prompt's full KV blocks come from the prefix cache.
+    assert usage.prompt_tokens_details is not None
+    cached = usage.prompt_tokens_details.cached_tokens
+    assert cached is not None and 0 < cached < usage.prompt_tokens
+    assert cached >= whole.usage.prompt_tokens_details.cached_tokens
 
 
 def test_chat_logprobs(sdk: openai.OpenAI) -> None:

@@ -67,6 +67,8 @@ api_key_sha256 = ["{hash_key("k2").upper()}"]
         ("weight: 2", "weight: 0", "tenants.carol.weight"),
         ("weight: 2", "queue_timeout_s: -1", "tenants.carol.queue_timeout_s"),
         ("weight: 2", "priority: 11", "tenants.carol.priority"),
+        ("weight: 2", "cache_group: 7", "tenants.carol.cache_group"),
+        ("weight: 2", "cache_group: ' '", "tenants.carol.cache_group"),
         (hash_key("bob-key"), "sk-plain-text-key", "tenants.bob.api_key_sha256[0]"),
         (hash_key("bob-key"), hash_key("acme-key"), "tenants.bob.api_key_sha256"),
         (f"[{hash_key('crunch-key')}]", "[]", "tenants.crunch.api_key_sha256"),
@@ -101,3 +103,13 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
         parse_tenants({"tenants": {}}, "x.yaml")
     with pytest.raises(TenantsFileError, match="tiers.gold.priority: required"):
         parse_tenants({"tiers": {"gold": {"weight": 2}}, "tenants": {}}, "x.yaml")
+
+
+def test_cache_groups_set_the_prefix_cache_salt(tmp_path: Path, tenants_text: str) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(tenants_text.replace("weight: 2", "weight: 2\n    cache_group: acme", 1))
+    by_name = {t.name: t.tenant() for t in load_tenants(path).tenants}
+    assert by_name["carol"].cache_group == "acme"
+    assert by_name["carol"].cache_salt == "group:acme"
+    # Without a group a tenant shares with nobody, not even a group named like it.
+    assert by_name["acme"].cache_salt == "tenant:acme" != by_name["carol"].cache_salt

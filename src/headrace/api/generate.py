@@ -65,6 +65,10 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
 def _tail(run: RequestRun) -> dict[str, Any]:
     return {
         "finish_reason": str(run.finish_reason),
-        "usage": {"prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens},
+        "usage": {
+            "prompt_tokens": run.prompt_tokens,
+            "completion_tokens": run.completion_tokens,
+            "cached_tokens": run.cached_tokens,
+        },
         "timing": run.job.timer.as_ms(),
     }

@@ -118,10 +118,15 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens whose KV came from the prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class Timing(BaseModel):
@@ -133,6 +138,7 @@ class Timing(BaseModel):
 class GenerateUsage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int  # prompt tokens whose KV came from the prefix cache
 
 
 class GenerateResponse(BaseModel):

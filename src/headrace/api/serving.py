@@ -101,6 +101,7 @@ async def admit(
         priority=tenant.priority, tenant=tenant.name, weight=tenant.weight,
         timeout_s=body.timeout or state.config.request_timeout_s,
         queue_timeout_s=tenant.queue_timeout_s, arrival_time=arrival,
+        cache_salt=tenant.cache_salt,
     )  # fmt: skip
     rid = new_request_id(id_prefix)
     return Job(rid, model, engine, ids, params, options, admission, RequestTimer(start=arrival))
@@ -115,15 +116,17 @@ class RequestRun:
         self.chunks = job.engine.generate(job.request_id, job.prompt_ids, job.params, job.options)
         self.prompt_tokens = len(job.prompt_ids)
         self.completion_tokens = 0
+        self.cached_tokens = 0
         self.finish_reason: FinishReason | None = None
         self.closed = False
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, object]:
         """OpenAI's `usage` object."""
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
     def __aiter__(self) -> RequestRun:
@@ -156,6 +159,7 @@ class RequestRun:
             self.state.gateway.started(job.admission, job.timer.queue_time, job.timer.ttft)
         self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
         self.completion_tokens = max(self.completion_tokens, chunk.completion_tokens)
+        self.cached_tokens = chunk.cached_tokens or self.cached_tokens
         self.finish_reason = chunk.finish_reason
         if chunk.finish_reason is FinishReason.ERROR:  # the engine (a replica) failed: upstream
             raise APIError(
@@ -187,7 +191,7 @@ class RequestRun:
             job.timer.finish()
             self.state.metrics.observe_request(
                 job.model, job.admission.tenant.tier, job.timer, reason,
-                self.prompt_tokens, self.completion_tokens,
+                self.prompt_tokens, self.completion_tokens, self.cached_tokens,
             )  # fmt: skip
 
 

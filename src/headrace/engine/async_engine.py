@@ -192,6 +192,7 @@ class AsyncEngine:
             timeout_s=opts.timeout_s,
             queue_timeout_s=opts.queue_timeout_s,
             arrival_time=opts.arrival_time,
+            cache_salt=opts.cache_salt,
         )
         core_request.validate()  # a bad option is the caller's error here, not the core's
         if not self.is_healthy:

@@ -31,6 +31,7 @@ class GenerationChunk:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     error: str | None = None
     queue_time: float | None = None  # seconds from arrival to first scheduled step
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache (set once started)
 
     @property
     def finished(self) -> bool:
@@ -50,6 +51,9 @@ class GenerateOptions:
     # count from here (None: from arrival at the engine). Not meaningful on another machine,
     # so the wire to a remote replica sends the time left instead.
     arrival_time: float | None = None
+    # Requests share cached prompt prefixes only within one salt (the gateway sets the
+    # tenant's cache group); None: the tenant's name.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         # Checked here, not only at the HTTP edge: a weight of 0 or a NaN deadline would
@@ -58,6 +62,8 @@ class GenerateOptions:
             raise ValueError(f"priority must be an integer, got {self.priority!r}")
         if not isinstance(self.tenant, str):
             raise ValueError(f"tenant must be a string, got {self.tenant!r}")
+        if self.cache_salt is not None and not isinstance(self.cache_salt, str):
+            raise ValueError(f"cache_salt must be a string or None, got {self.cache_salt!r}")
         if not _finite(self.weight) or self.weight <= 0:
             raise ValueError(f"weight must be a finite number > 0, got {self.weight!r}")
         for name in ("timeout_s", "queue_timeout_s"):

@@ -31,6 +31,7 @@ class RequestTextStream:
         self.finished = False
         self.num_output_tokens = 0
         self.queue_time: float | None = None
+        self.cached_tokens = 0
 
     def process(self, out: RequestOutput) -> GenerationChunk | None:
         """The chunk for one core output; None once the stream has finished."""
@@ -39,6 +40,7 @@ class RequestTextStream:
         self.num_output_tokens += len(out.new_token_ids)
         if out.queue_time is not None:
             self.queue_time = out.queue_time
+            self.cached_tokens = out.num_cached_tokens
         text = self.detok.add(out.new_token_ids)
         if out.finished:
             text += self.detok.flush()
@@ -59,6 +61,7 @@ class RequestTextStream:
             logprobs=list(out.logprobs),
             error=out.error,
             queue_time=self.queue_time,
+            cached_tokens=self.cached_tokens,
         )
 
     def fail(self, error: str) -> GenerationChunk:
@@ -73,4 +76,5 @@ class RequestTextStream:
             completion_tokens=self.num_output_tokens,
             error=error,
             queue_time=self.queue_time,
+            cached_tokens=self.cached_tokens,
         )

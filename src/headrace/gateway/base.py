@@ -36,6 +36,15 @@ class Tenant:
     priority: int = 1  # lower is more urgent
     weight: float = 1.0
     queue_timeout_s: float | None = None
+    cache_group: str | None = None  # tenants of one group share cached prompt prefixes
+
+    @property
+    def cache_salt(self) -> str:
+        """The prefix cache's salt: a tenant shares cached blocks only within its salt, so
+        that no tenant can time another's prompts (the open server's one tenant shares all)."""
+        if self.cache_group is not None:
+            return f"group:{self.cache_group}"
+        return f"tenant:{self.name}"
 
 
 @dataclass(frozen=True)

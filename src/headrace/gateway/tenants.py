@@ -16,6 +16,8 @@ clear; make one with
         weight: 2.0                    # optional overrides of the tier's values
         priority: 0
         queue_timeout_s: 10
+        cache_group: acme-shared       # optional: share cached prompt prefixes with the
+                                       # other tenants of this group (default: with none)
 
 Every error names the file and the field (`tenants.yaml: tenants.acme.tier: ...`).
 """
@@ -42,6 +44,7 @@ _TENANT_FIELDS = {
     "priority",
     "weight",
     "queue_timeout_s",
+    "cache_group",
 }
 
 
@@ -78,9 +81,13 @@ class TenantSpec:
     queue_timeout_s: float | None
     tokens_per_minute: int | None = None
     max_concurrent: int | None = None
+    cache_group: str | None = None
 
     def tenant(self) -> Tenant:
-        return Tenant(self.name, self.tier, self.priority, self.weight, self.queue_timeout_s)
+        return Tenant(
+            self.name, self.tier, self.priority, self.weight, self.queue_timeout_s,
+            self.cache_group,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,7 @@ class _Parser:
             queue_timeout_s=self.timeout(f.get("queue_timeout_s", tier.queue_timeout_s), where),
             tokens_per_minute=self.limit(f.get("tokens_per_minute"), f"{where}.tokens_per_minute"),
             max_concurrent=self.limit(f.get("max_concurrent"), f"{where}.max_concurrent"),
+            cache_group=self.group(f.get("cache_group"), f"{where}.cache_group"),
         )
 
     def hashes(self, raw: object, where: str, allow_empty: bool = False) -> tuple[str, ...]:
@@ -220,6 +228,11 @@ class _Parser:
         if raw is not None and (v is None or v <= 0):
             raise self.fail(f"{where}.queue_timeout_s", f"expected seconds > 0, got {raw!r}")
         return v
+
+    def group(self, raw: object, where: str) -> str | None:
+        if raw is not None and (not isinstance(raw, str) or not raw.strip()):
+            raise self.fail(where, f"expected a non-empty string, got {raw!r}")
+        return raw
 
     def limit(self, raw: object, where: str) -> int | None:
         v = _int(raw)

@@ -66,6 +66,17 @@ class Metrics:
         self.generation_tokens = Counter(
             PREFIX + "generation_tokens", "Generated tokens.", ["model_name"], registry=r
         )
+        # The engine's own counters (EngineStatsCollector) are per model; these split the
+        # first lookup of each started request by tier.
+        self.tier_prefix_queries = Counter(
+            PREFIX + "tier_prefix_cache_queries", "Prompt tokens of started requests, by tier.",
+            ["model_name", "tier"], registry=r,
+        )  # fmt: skip
+        self.tier_prefix_hits = Counter(
+            PREFIX + "tier_prefix_cache_hits",
+            "Prompt tokens of started requests found in the prefix cache, by tier.",
+            ["model_name", "tier"], registry=r,
+        )  # fmt: skip
         self.request_success = Counter(
             PREFIX + "request_success", "Finished requests by finish reason.",
             ["model_name", "finish_reason"], registry=r,
@@ -88,6 +99,7 @@ class Metrics:
         finish_reason: str,
         prompt_tokens: int,
         completion_tokens: int,
+        cached_tokens: int = 0,
     ) -> None:
         """Record one finished request (any finish reason, client aborts included)."""
         if timer.ttft is not None:
@@ -101,6 +113,9 @@ class Metrics:
         self.prompt_tokens.labels(model).inc(prompt_tokens)
         self.generation_tokens.labels(model).inc(completion_tokens)
         self.request_success.labels(model, finish_reason).inc()
+        if timer.queue_time is not None:  # it was scheduled: the cache was looked up
+            self.tier_prefix_queries.labels(model, tier).inc(prompt_tokens)
+            self.tier_prefix_hits.labels(model, tier).inc(cached_tokens)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
@@ -134,6 +149,17 @@ class EngineStatsCollector(Collector):
             PREFIX + "kv_cache_total_blocks", "KV-cache blocks.", labels=labels
         )
         preempt = CounterMetricFamily(PREFIX + "num_preemptions", "Preemptions.", labels=labels)
+        cached = GaugeMetricFamily(
+            PREFIX + "kv_cache_cached_blocks", "KV blocks findable by prefix.", labels=labels
+        )
+        queries = CounterMetricFamily(
+            PREFIX + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+            labels=labels,
+        )  # fmt: skip
+        hits = CounterMetricFamily(
+            PREFIX + "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+            labels=labels,
+        )  # fmt: skip
         for name, engine in list(self.engines().items()):
             s = engine.stats()
             running.add_metric([name], s.num_running)
@@ -142,4 +168,7 @@ class EngineStatsCollector(Collector):
             used.add_metric([name], s.kv_blocks_used)
             total.add_metric([name], s.kv_blocks_total)
             preempt.add_metric([name], s.num_preemptions_total)
-        return [running, waiting, usage, used, total, preempt]
+            cached.add_metric([name], s.kv_blocks_cached)
+            queries.add_metric([name], s.prefix_cache_queries_total)
+            hits.add_metric([name], s.prefix_cache_hits_total)
+        return [running, waiting, usage, used, total, preempt, cached, queries, hits]

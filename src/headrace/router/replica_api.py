@@ -70,10 +70,12 @@ async def stats(request: Request) -> dict[str, Any]:
     models: dict[str, Any] = {}
     for name, engine in list(state.engines.items()):
         describe = getattr(engine, "describe", None)  # a router tells of its replicas
+        step = engine.stats()
         models[name] = {
             "max_model_len": engine.max_model_len,
             "healthy": engine.is_healthy,
-            "stats": stats_json(engine.stats()),
+            "stats": stats_json(step),
+            "prefix_cache_hit_rate": round(step.prefix_cache_hit_rate, 4),
             **(describe() if callable(describe) else {}),
         }
     return {"loading": state.loading or not state.engines, "models": models}

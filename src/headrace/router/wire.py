@@ -67,6 +67,7 @@ class WireOptions(BaseModel):
     timeout_s: Seconds | None = None
     queue_timeout_s: Seconds | None = None
     arrival_time: None = None
+    cache_salt: Text | None = Field(default=None, max_length=256)
 
     def generate_options(self, arrival_time: float | None = None) -> GenerateOptions:
         fields = self.model_dump()
@@ -160,6 +161,7 @@ def chunk_from_json(data: dict[str, Any]) -> GenerationChunk:
         ],  # fmt: skip
         error=data.get("error"),
         queue_time=data.get("queue_time"),
+        cached_tokens=int(data.get("cached_tokens", 0)),
     )
 
 
