@@ -128,7 +128,14 @@ class GatewayConfig:
 @dataclass(frozen=True)
 class RouterConfig:
     replicas: int = _f(1, "engine processes per model (a --model NAME=PATH:N sets its own)")
-    routing: str = _f("least-load", "least-load | power-of-two | round-robin")
+    routing: str = _f(
+        "cache-aware", "cache-aware (least-load but for prefix affinity) | least-load | "
+        "power-of-two | round-robin",
+    )  # fmt: skip
+    cache_aware_margin_tokens: int = _f(
+        4096, "cache-aware: keep a prefix on its replica while that replica's load (tokens) is "
+        "at most this much above the least loaded one's",
+    )  # fmt: skip
     long_prompt_threshold: int | None = _f(
         None, "prompts longer than this many tokens go to the long-prompt replicas"
     )
@@ -146,7 +153,9 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.replicas < 0 or self.long_replicas < 0:
             raise ValueError("replicas and long_replicas must not be negative")
-        if self.routing not in ("least-load", "power-of-two", "round-robin"):
+        if self.cache_aware_margin_tokens < 0:
+            raise ValueError("cache_aware_margin_tokens must not be negative")
+        if self.routing not in ("cache-aware", "least-load", "power-of-two", "round-robin"):
             raise ValueError(f"unknown routing policy {self.routing!r}")
         if (self.long_prompt_threshold is None) != (self.long_replicas == 0):
             raise ValueError("--long-prompt-threshold and --long-replicas go together")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-POLICY_NAMES = ("least-load", "power-of-two", "round-robin")
+POLICY_NAMES = ("cache-aware", "least-load", "power-of-two", "round-robin")
 
 
 @dataclass(frozen=True)
@@ -23,12 +23,14 @@ class Candidate:
     load_tokens: int  # waiting + running tokens reported, plus those dispatched since
     free_blocks: int  # free KV-cache blocks reported
     in_flight: int  # requests this router has open on the replica
+    prefix_blocks: int = 0  # leading blocks of this prompt sent there before (cache-aware)
 
 
 class RoutingPolicy(Protocol):
     """Picks one of `candidates` (never empty). May keep state (a rotation), never blocks."""
 
     name: str
+    uses_prefixes: bool  # wants `Candidate.prefix_blocks` filled in
 
     def choose(self, candidates: Sequence[Candidate]) -> Candidate: ...
 
@@ -38,6 +40,7 @@ class LeastLoad:
     requests, then the next replica after the last one chosen (so idle replicas take turns)."""
 
     name = "least-load"
+    uses_prefixes = False
 
     def __init__(self) -> None:
         self._last = -1
@@ -60,6 +63,7 @@ class PowerOfTwo:
     Cheaper than a full scan for many replicas, and less herd-prone when load numbers lag."""
 
     name = "power-of-two"
+    uses_prefixes = False
 
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)
@@ -75,6 +79,7 @@ class RoundRobin:
     """The next replica after the last one chosen, whatever the load."""
 
     name = "round-robin"
+    uses_prefixes = False
 
     def __init__(self) -> None:
         self._last = -1
@@ -86,7 +91,30 @@ class RoundRobin:
         return best
 
 
-def make_policy(name: str, seed: int | None = None) -> RoutingPolicy:
+class CacheAware:
+    """The replica sent the longest prefix of this prompt before — the likeliest to hold its KV
+    in its prefix cache — while its load is within `margin_tokens` of the least loaded one's;
+    otherwise, and for a prefix sent nowhere yet, least-load (whose pick then becomes the
+    prefix's home)."""
+
+    name = "cache-aware"
+    uses_prefixes = True
+
+    def __init__(self, margin_tokens: int) -> None:
+        self.margin_tokens = margin_tokens
+        self._fallback = LeastLoad()
+
+    def choose(self, candidates: Sequence[Candidate]) -> Candidate:
+        best = max(candidates, key=lambda c: (c.prefix_blocks, -c.load_tokens))
+        least = min(c.load_tokens for c in candidates)
+        if best.prefix_blocks > 0 and best.load_tokens - least <= self.margin_tokens:
+            return best
+        return self._fallback.choose(candidates)
+
+
+def make_policy(name: str, seed: int | None = None, margin_tokens: int = 0) -> RoutingPolicy:
+    if name == "cache-aware":
+        return CacheAware(margin_tokens)
     if name == "least-load":
         return LeastLoad()
     if name == "power-of-two":

@@ -19,6 +19,7 @@ from typing import Any
 from headrace.engine.client import EngineClient
 from headrace.router.load import LoadTracker
 from headrace.router.policies import Candidate
+from headrace.router.prefix_index import PrefixIndex
 
 log = logging.getLogger("headrace.router")
 
@@ -64,6 +65,7 @@ class Replica:
         self.last_error: str | None = None
         self.healthy_since = time.monotonic()
         self.restart_attempts = 0  # since it last stayed up for a while (sets the backoff)
+        self.prefixes = PrefixIndex()  # what the router sent here: likely in its prefix cache
 
     @property
     def serving(self) -> bool:
@@ -78,9 +80,10 @@ class Replica:
     def observe(self) -> None:
         self.load.observe(self.engine.stats())
 
-    def candidate(self, index: int) -> Candidate:
+    def candidate(self, index: int, prefix_blocks: int = 0) -> Candidate:
         self.observe()
-        return Candidate(index, self.load.load_tokens, self.load.free_blocks, self.in_flight)
+        load = self.load
+        return Candidate(index, load.load_tokens, load.free_blocks, self.in_flight, prefix_blocks)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -114,6 +117,7 @@ class Replica:
     def rejoin(self) -> None:
         log.warning("replica %s is back in rotation", self.name)
         self.load = LoadTracker(self.engine.stats())
+        self.prefixes.clear()  # a restarted engine (or a remote back from failure) starts cold
         self.state = ReplicaState.HEALTHY
         self.healthy_since = time.monotonic()
 
@@ -136,4 +140,5 @@ class Replica:
             "pending_tokens": self.load.pending_tokens, "num_running": s.num_running,
             "num_waiting": s.num_waiting, "kv_blocks_used": s.kv_blocks_used,
             "kv_blocks_total": s.kv_blocks_total, "last_error": self.last_error,
+            "prefix_blocks_routed": len(self.prefixes),
         }  # fmt: skip

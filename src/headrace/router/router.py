@@ -24,6 +24,7 @@ from headrace.engine.outputs import StepStats
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.load import sum_stats
 from headrace.router.policies import make_policy
+from headrace.router.prefix_index import prefix_hashes
 from headrace.router.replica import Replica
 from headrace.router.supervisor import Supervisor
 
@@ -51,7 +52,9 @@ class Router:
         self.name = model_name
         self.replicas = list(replicas)
         self.config = config or RouterConfig()
-        self.policy = make_policy(self.config.routing)
+        self.policy = make_policy(
+            self.config.routing, margin_tokens=self.config.cache_aware_margin_tokens
+        )
         self.supervisor = Supervisor(self.replicas, self.config)
         self.retries = 0  # requests sent again after their replica failed
         self._placed: dict[str, Replica] = {}  # request id -> the replica it is on now
@@ -95,11 +98,13 @@ class Router:
     ) -> AsyncIterator[GenerationChunk]:
         ids = self._encode(prompt)
         opts = options or GenerateOptions()
+        salt = opts.tenant if opts.cache_salt is None else opts.cache_salt  # as the engine's
+        hashes = prefix_hashes(ids, salt) if self.policy.uses_prefixes else []
         t0 = time.monotonic()
         tried: set[int] = set()
         failure: GenerationChunk | None = None
         while True:
-            replica = self._choose(len(ids), tried)
+            replica = self._choose(len(ids), tried, hashes)
             if replica is None:
                 if failure is not None:
                     yield failure
@@ -174,7 +179,7 @@ class Router:
 
     # -- routing ----------------------------------------------------------------------------
 
-    def _choose(self, prompt_tokens: int, tried: set[int]) -> Replica | None:
+    def _choose(self, prompt_tokens: int, tried: set[int], hashes: list[bytes]) -> Replica | None:
         if self._closed:
             return None
         threshold = self.config.long_prompt_threshold
@@ -184,8 +189,12 @@ class Router:
         pick_from = own or open_  # a pool with no replica left borrows the other's
         if not pick_from:
             return None
-        choice = self.policy.choose([r.candidate(i) for i, r in pick_from])
-        return self.replicas[choice.index]
+        choice = self.policy.choose(
+            [r.candidate(i, r.prefixes.match(hashes)) for i, r in pick_from]
+        )
+        replica = self.replicas[choice.index]
+        replica.prefixes.record(hashes)
+        return replica
 
     def _failed(self, replica: Replica, chunk: GenerationChunk) -> bool:
         """An error chunk because the replica itself failed (not the request): retry."""
