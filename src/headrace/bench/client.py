@@ -66,8 +66,9 @@ class _Stream:
     last: float | None = None
     pieces: int = 0
     itl: list[float] = field(default_factory=list)
-    usage: dict[str, int] | None = None
+    usage: dict[str, object] | None = None
     error: dict[str, object] | None = None
+    text: list[str] = field(default_factory=list)
 
     def feed(self, event: dict[str, object], api: str, now: float) -> None:
         if isinstance(event.get("error"), dict):
@@ -75,7 +76,8 @@ class _Stream:
             return
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]  # type: ignore[assignment]
-        if _text_of(event, api):
+        if text := _text_of(event, api):
+            self.text.append(text)
             if self.last is not None:
                 self.itl.append(now - self.last)
             self.first = now if self.first is None else self.first
@@ -147,13 +149,21 @@ def _finish(result: RequestResult, stream: _Stream, e2e: float) -> RequestResult
         result.message = str(stream.error.get("message") or "")
         return result
     usage = stream.usage or {}
-    if isinstance(usage.get("completion_tokens"), int):
-        result.output_tokens = usage["completion_tokens"]
+    completion, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+    if isinstance(completion, int):
+        result.output_tokens = completion
         result.tokens_from_usage = True
     else:
         result.output_tokens = stream.pieces
-    if isinstance(usage.get("prompt_tokens"), int):
-        result.prompt_tokens = usage["prompt_tokens"]
+    if isinstance(prompt, int):
+        result.prompt_tokens = prompt
+    details = usage.get("prompt_tokens_details")
+    cached = (
+        details.get("cached_tokens") if isinstance(details, dict) else usage.get("cached_tokens")
+    )
+    if isinstance(cached, int):
+        result.cached_tokens = cached
+    result.text = "".join(stream.text)
     result.ok = True
     return result
 

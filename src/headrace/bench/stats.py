@@ -39,6 +39,8 @@ class RequestResult:
     tier: str | None = None
     kind: str = ""
     max_tokens: int = 0
+    text: str = ""  # the generated text (multi-turn workloads send it back)
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, if reported
 
     @property
     def tpot(self) -> float | None:
