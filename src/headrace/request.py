@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 GREEDY_BELOW_TEMPERATURE = 1e-5  # a smaller temperature samples greedily
 _MAX_INT = (1 << 31) - 1  # counts (max_tokens, top_k, token ids) fit an int32
+MAX_GRAMMAR_CHARS = 1_000_000  # as the request body limit
 
 
 class FinishReason(enum.StrEnum):
@@ -66,6 +67,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives to return per token; 0 = chosen only
+    # An llguidance grammar (Lark, or its JSON form) the output must match: the front end makes
+    # it from a JSON schema, a regex or choices, and checks it (headrace.api.structured).
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -93,6 +97,10 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, 20)
+        if self.grammar is not None and (
+            not isinstance(self.grammar, str) or not 0 < len(self.grammar) <= MAX_GRAMMAR_CHARS
+        ):
+            raise ValueError(f"grammar must be a string of 1 to {MAX_GRAMMAR_CHARS} characters")
 
     @property
     def greedy(self) -> bool:

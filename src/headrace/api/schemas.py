@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from headrace.api.structured import StructuredFields
 from headrace.api.text import Text
 from headrace.api.unsupported import ChatExtras, CompletionExtras
 
@@ -25,7 +26,7 @@ TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(StructuredFields):
     """Settings shared by every generation route."""
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")

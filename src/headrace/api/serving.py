@@ -22,6 +22,7 @@ from headrace.api.errors import APIError, bad_request
 from headrace.api.schemas import SamplingFields
 from headrace.api.sse import DONE, error_event, wait_for_disconnect
 from headrace.api.state import AppState
+from headrace.api.structured import grammar_of
 from headrace.engine.client import EngineClient, GenerateOptions, GenerationChunk
 from headrace.gateway.base import Admission
 from headrace.metrics.timing import RequestTimer
@@ -51,11 +52,12 @@ def new_request_id(prefix: str) -> str:
 
 def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    grammar = grammar_of(body)
     try:
         return SamplingParams(
             max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
             top_k=max(body.top_k, 0), seed=body.seed, stop=stop, ignore_eos=body.ignore_eos,
-            logprobs=logprobs, stop_token_ids=tuple(body.stop_token_ids or ()),
+            logprobs=logprobs, stop_token_ids=tuple(body.stop_token_ids or ()), grammar=grammar,
         )  # fmt: skip
     except ValueError as e:
         raise bad_request(str(e)) from e

@@ -24,7 +24,6 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "min_tokens": (0,),
     "logit_bias": ({},),
     "suffix": ("",),
-    "response_format": ({"type": "text"},),
     "tools": ([],),
     "tool_choice": ("none", "auto"),
     "functions": ([],),
@@ -38,11 +37,6 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1, 1.0),
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
-    "guided_grammar": (),
-    "structured_outputs": (),
     "bad_words": ([],),
     "prompt_logprobs": (),
     "chat_template": (),
@@ -75,16 +69,10 @@ class _Common(_Unsupported):
     min_p: Any = None
     min_tokens: Any = None
     logit_bias: Any = None
-    response_format: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
     include_stop_str_in_output: Any = None
     skip_special_tokens: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    structured_outputs: Any = None
     bad_words: Any = None
     # Accepted and ignored: they label or route a request, they do not change its output.
     user: Any = None

@@ -20,6 +20,7 @@ from headrace.engine.outputs import (
 )
 from headrace.engine.sampler import Sampler
 from headrace.engine.step_inputs import build_step_inputs
+from headrace.engine.structured import GrammarMasks
 from headrace.kernels.int8_head import MAX_ROWS as INT8_HEAD_MAX_ROWS
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_head import supported as int8_head_supported
@@ -152,6 +153,8 @@ class ModelRunner:
         eos = model.args.eos_token_ids + extra_eos + tokenizer.eos_token_ids
         self.eos_token_ids = tuple(dict.fromkeys(i for i in eos if 0 <= i < self.vocab_size))
         self.sampler = Sampler()
+        backend = tokenizer.backend
+        self.grammars = GrammarMasks(backend.to_str, self.vocab_size, self.eos_token_ids)
         self.poison_token = _poison_token_from_env()
         self.paged_kernel = paged_decode_supported(self.device, self.dtype)
         # Built off the start path (0.7 s for Gemma's head): steps use the bf16 head until then.
@@ -173,6 +176,8 @@ class ModelRunner:
         self._validate(out)
         if self.poison_token is not None:
             self._inject_fault(out, self.poison_token)
+        self.grammars.drop(out.finished_ids)
+        self.grammars.prepare(out.scheduled)  # matchers build while the model computes
         self.kv_cache.prepare(b for req in out.scheduled for b in req.block_ids)
         inputs = build_step_inputs(
             out.scheduled,
@@ -194,7 +199,9 @@ class ModelRunner:
                 logprobs: list[TokenLogprobs | None] = [None] * len(tokens)
             else:
                 logits = self.model.compute_logits(rows)  # [S, V]
+                self.grammars.apply(logits, inputs.sampled)
                 tokens, logprobs = self.sampler(logits, inputs.sampled)
+            self.grammars.advance(inputs.sampled, tokens)
         ids = [r.request_id for r in inputs.sampled]
         lps: dict[str, TokenLogprobs] = {
             i: lp for i, lp in zip(ids, logprobs, strict=True) if lp is not None
@@ -214,7 +221,7 @@ class ModelRunner:
         head = self.greedy_head
         if head is None or len(sampled) > INT8_HEAD_MAX_ROWS:
             return None
-        if not all(r.params.greedy and r.params.logprobs is None for r in sampled):
+        if not all(_plain_greedy(r) for r in sampled):
             return None
         return head
 
@@ -252,6 +259,12 @@ class ModelRunner:
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,
         }
+
+
+def _plain_greedy(r: ScheduledRequest) -> bool:
+    """Greedy with no use for the logits themselves (logprobs, a grammar's mask)."""
+    p = r.params
+    return p.greedy and p.logprobs is None and p.grammar is None
 
 
 def _int8_greedy_head(model: CausalLM) -> Int8GreedyHead | None:

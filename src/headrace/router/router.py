@@ -99,7 +99,8 @@ class Router:
         ids = self._encode(prompt)
         opts = options or GenerateOptions()
         salt = opts.tenant if opts.cache_salt is None else opts.cache_salt  # as the engine's
-        hashes = prefix_hashes(ids, salt) if self.policy.uses_prefixes else []
+        affinity = self.policy.uses_prefixes and len(self.replicas) > 1
+        hashes = prefix_hashes(ids, salt) if affinity else []
         t0 = time.monotonic()
         tried: set[int] = set()
         failure: GenerationChunk | None = None

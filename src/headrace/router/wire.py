@@ -21,7 +21,7 @@ from headrace.api.schemas import MAX_TOKENS_LIMIT, SEED_MAX, Stop
 from headrace.api.text import Text
 from headrace.engine.client import GenerateOptions, GenerationChunk
 from headrace.engine.outputs import StepStats, TokenLogprobs
-from headrace.request import FinishReason, SamplingParams
+from headrace.request import MAX_GRAMMAR_CHARS, FinishReason, SamplingParams
 
 MIN_TIMEOUT_S = 0.001  # what is left of a deadline that ran out on the way: it ends at once
 MAX_PRIORITY = 9  # as in the tenants file: a tier's priority is 0..9
@@ -47,6 +47,7 @@ class WireParams(BaseModel):
     stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=20)
+    grammar: Text | None = Field(default=None, min_length=1, max_length=MAX_GRAMMAR_CHARS)
 
     def sampling_params(self) -> SamplingParams:
         fields = self.model_dump()

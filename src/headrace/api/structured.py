@@ -1,0 +1,155 @@
+"""Structured outputs at the front end: a request's constraint, under whichever name its client
+sends it — OpenAI's `response_format`, vLLM's `structured_outputs` and `guided_*` — becomes one
+llguidance grammar (`SamplingParams.grammar`), checked before anything runs: a schema or regex
+the engine cannot use is a 400 naming the field. Grammars are cached by their source, so a
+client that sends the same schema again pays nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from headrace.api.errors import bad_request
+from headrace.api.text import Text
+
+# Readable JSON a small model tokenizes well ({"a": 1, "b": [2, 3]}); no free whitespace, so a
+# model cannot spend its tokens on newlines inside a value.
+_JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+_STRICT = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", populate_by_name=True)
+Choice = list[Text]
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = _STRICT
+
+    name: Text = Field("response", max_length=256)
+    description: Text | None = None
+    json_schema: dict[str, Any] = Field(alias="schema", default_factory=dict)
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's: `text` (no constraint), `json_object` (any JSON object) or `json_schema`."""
+
+    model_config = _STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: exactly one of these."""
+
+    model_config = _STRICT
+
+    json_: dict[str, Any] | Text | None = Field(None, alias="json")
+    regex: Text | None = None
+    choice: Choice | None = Field(None, min_length=1, max_length=1024)
+    grammar: Text | None = None
+    json_object: bool | None = None
+
+
+class StructuredFields(BaseModel):
+    """The constraint fields of every generation route; at most one may be set."""
+
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | Text | None = None
+    guided_regex: Text | None = None
+    guided_choice: Choice | None = Field(None, min_length=1, max_length=1024)
+    guided_grammar: Text | None = Field(None, description="a Lark grammar (llguidance's)")
+
+
+def grammar_of(body: StructuredFields) -> str | None:
+    """The llguidance grammar of the request's constraint, or None; 400 if it cannot be used."""
+    found = _constraints(body)
+    if not found:
+        return None
+    if len(found) > 1:
+        names = ", ".join(f"`{field}`" for field, _, _ in found)
+        raise bad_request(f"set only one output constraint, not {names}", found[1][0])
+    field, kind, source = found[0]
+    grammar, error = _grammar(kind, source)
+    if error:
+        raise bad_request(f"`{field}` cannot be used: {error}", field)
+    return grammar
+
+
+def _constraints(body: StructuredFields) -> list[tuple[str, str, str]]:
+    """(field, kind, source) for each constraint set: kind is json, regex, choice or lark."""
+    out: list[tuple[str, str, str]] = []
+    fmt = body.response_format
+    if fmt is not None and fmt.type == "json_object":
+        out.append(("response_format", "json", "{}"))
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise bad_request("`response_format.json_schema` is required", "response_format")
+        out.append(("response_format", "json", _canonical(fmt.json_schema.json_schema)))
+    so = body.structured_outputs
+    if so is not None:
+        for kind, value in (
+            ("json", so.json_), ("regex", so.regex), ("choice", so.choice),
+            ("lark", so.grammar), ("json", {} if so.json_object else None),
+        ):  # fmt: skip
+            if value is not None:
+                out.append(("structured_outputs", kind, _source(kind, value)))
+    for field, kind in (
+        ("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+        ("guided_grammar", "lark"),
+    ):  # fmt: skip
+        value = getattr(body, field)
+        if value is not None:
+            out.append((field, kind, _source(kind, value)))
+    return out
+
+
+def _source(kind: str, value: object) -> str:
+    if kind == "choice":
+        return json.dumps(value)
+    if kind == "json":
+        return _canonical(value)
+    assert isinstance(value, str)
+    return value
+
+
+def _canonical(schema: object) -> str:
+    """A schema as one cache key, whether it came as an object or as JSON text."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            return f"\x00{e}"  # not JSON: reported by _grammar
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=512)
+def _grammar(kind: str, source: str) -> tuple[str, str]:
+    """(grammar, error message or "")."""
+    from llguidance import LLMatcher
+
+    if source.startswith("\x00"):
+        return "", f"the schema is not valid JSON: {source[1:]}"
+    try:
+        if kind == "json":
+            schema = json.loads(source) or {"type": "object"}  # {} : json_object
+            if not isinstance(schema, dict):
+                return "", "a JSON schema must be an object"
+            grammar = LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)  # type: ignore[arg-type]
+        elif kind == "regex":
+            grammar = LLMatcher.grammar_from_regex(source)
+        elif kind == "choice":
+            grammar = LLMatcher.grammar_from_lark(_choice_lark(json.loads(source)))
+        else:
+            grammar = LLMatcher.grammar_from_lark(source)
+    except ValueError as e:
+        return "", str(e)
+    return grammar, LLMatcher.validate_grammar(grammar)
+
+
+def _choice_lark(choices: list[str]) -> str:
+    # A JSON string literal is a Lark string literal: quotes and escapes carry over.
+    return "start: " + " | ".join(json.dumps(c) for c in choices)
