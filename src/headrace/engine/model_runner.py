@@ -214,7 +214,11 @@ class ModelRunner:
         head = self.greedy_head
         if head is None or len(sampled) > INT8_HEAD_MAX_ROWS:
             return None
-        if not all(r.params.greedy and r.params.logprobs is None for r in sampled):
+        # It gives the argmax of the raw logits: a step with logits processors needs them.
+        if not all(
+            r.params.greedy and r.params.logprobs is None and r.logits_inputs is None
+            for r in sampled
+        ):
             return None
         return head
 
