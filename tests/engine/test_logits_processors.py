@@ -3,12 +3,11 @@ computation, per request inside one batch; the scheduler sends history only wher
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from collections.abc import Sequence
 
 import pytest
 import torch
+from engine.logits_reference import reference
 
 from headrace.engine.logits_inputs import logits_inputs
 from headrace.engine.logits_processors import apply_processors, bad_word_bans
@@ -18,29 +17,6 @@ from headrace.request import Request, SamplingParams
 
 VOCAB = 64
 EOS = 3
-
-
-def reference(
-    raw: torch.Tensor, p: SamplingParams, prompt: Sequence[int], output: Sequence[int]
-) -> torch.Tensor:
-    """docs/api.md's formulas, one token at a time: raw [V] -> processed [V]."""
-    x = raw.clone()
-    if p.repetition_penalty != 1:
-        for t in set(prompt) | set(output):
-            v = float(x[t])
-            x[t] = v / p.repetition_penalty if v > 0 else v * p.repetition_penalty
-    for t, c in Counter(output).items():
-        x[t] = x[t] - c * p.frequency_penalty - p.presence_penalty
-    for t, b in p.logit_bias:
-        x[t] = x[t] + b
-    if len(output) < p.min_tokens:
-        for t in ((EOS,) if not p.ignore_eos else ()) + p.stop_token_ids:
-            x[t] = -math.inf
-    for word in p.bad_words:
-        n = len(word) - 1
-        if n == 0 or tuple(output[len(output) - n :]) == word[:-1] and n <= len(output):
-            x[word[-1]] = -math.inf
-    return x
 
 
 def scheduled(
@@ -84,7 +60,9 @@ def test_each_processor_follows_its_formula(params: SamplingParams) -> None:
     raw = raw_logits(1, seed=3)
     req = scheduled("r", params, PROMPT, OUTPUT)
     got = apply_processors(raw.clone(), [req])[0]
-    torch.testing.assert_close(got, reference(raw[0], params, PROMPT, OUTPUT), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        got, reference(raw[0], params, PROMPT, OUTPUT, (EOS,)), rtol=0, atol=1e-6
+    )
 
 
 def test_one_batch_applies_each_request_its_own_settings() -> None:
@@ -92,7 +70,7 @@ def test_one_batch_applies_each_request_its_own_settings() -> None:
     reqs = [scheduled(str(i), p, PROMPT, OUTPUT[: 2 + i % 5]) for i, p in enumerate(CASES)]
     got = apply_processors(raw.clone(), reqs)
     for i, p in enumerate(CASES):
-        want = reference(raw[i], p, PROMPT, OUTPUT[: 2 + i % 5])
+        want = reference(raw[i], p, PROMPT, OUTPUT[: 2 + i % 5], (EOS,))
         torch.testing.assert_close(got[i], want, rtol=0, atol=1e-6)
 
 
@@ -131,7 +109,9 @@ def test_greedy_with_penalties_takes_the_argmax_of_the_processed_logits() -> Non
         for i in range(6)
     ]
     tokens, _ = Sampler()(raw.clone(), reqs)
-    want = [int(reference(raw[i], reqs[i].params, [], [top[i]] * 3).argmax()) for i in range(6)]
+    want = [
+        int(reference(raw[i], reqs[i].params, [], [top[i]] * 3, (EOS,)).argmax()) for i in range(6)
+    ]
     assert tokens == want and all(t != top[i] for i, t in enumerate(tokens))
 
 
