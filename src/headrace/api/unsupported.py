@@ -17,12 +17,6 @@ from pydantic import BaseModel, ValidationInfo, field_validator
 _OFF: dict[str, tuple[Any, ...]] = {
     "best_of": (1,),
     "echo": (False,),
-    "frequency_penalty": (0, 0.0),
-    "presence_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
-    "min_p": (0, 0.0),
-    "min_tokens": (0,),
-    "logit_bias": ({},),
     "suffix": ("",),
     "response_format": ({"type": "text"},),
     "tools": ([],),
@@ -43,7 +37,6 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "guided_choice": (),
     "guided_grammar": (),
     "structured_outputs": (),
-    "bad_words": ([],),
     "prompt_logprobs": (),
     "chat_template": (),
     "chat_template_kwargs": ({},),
@@ -69,12 +62,6 @@ class _Unsupported(BaseModel):
 
 
 class _Common(_Unsupported):
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    repetition_penalty: Any = None
-    min_p: Any = None
-    min_tokens: Any = None
-    logit_bias: Any = None
     response_format: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
@@ -85,7 +72,6 @@ class _Common(_Unsupported):
     guided_choice: Any = None
     guided_grammar: Any = None
     structured_outputs: Any = None
-    bad_words: Any = None
     # Accepted and ignored: they label or route a request, they do not change its output.
     user: Any = None
     metadata: Any = None
