@@ -43,7 +43,11 @@ class Sampler:
         if processed:
             rows = torch.tensor(processed, device=logits.device)
             subset = [requests[i] for i in processed]
-            x = apply_processors(logits.index_select(0, rows).float(), subset)  # [P, V]
+            every = len(processed) == len(requests)
+            own = logits.float() if every else logits.index_select(0, rows).float()
+            if own is logits:  # already float32: the raw logits stay for the logprobs
+                own = own.clone()
+            x = apply_processors(own, subset)  # [P, V] float32
             tokens[rows] = self._choose(x, subset)
         chosen = tokens.tolist()
         return chosen, _logprobs(logits, requests, chosen)
