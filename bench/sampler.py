@@ -6,10 +6,11 @@ one or all requests of a batch, against the plain batch measured in the same run
 A step is what the runner does after the head: `Sampler()(logits, requests)` on [32, 262144]
 logits (Gemma 3's vocabulary), bf16 and fp32, plus the scheduler's side for each processed
 request (`logits_inputs`: the copy of its output ids). Requests are greedy, or drawn
-(temperature 0.8, seeded; no top-p, whose sort of 262k logits per row would dwarf the rest). A processed request carries a 1,000-token prompt and
-256 generated tokens, with repetition 1.1, frequency 0.3 and presence 0.3 penalties, 20
-logit_bias entries and 8 bad-word sequences. Each figure is the median of several rounds, the
-cases alternating; `ratio` is a case's time over the plain batch's of the same dtype and kind.
+(temperature 0.8, seeded; no top-p, whose sort of 262k logits per row would dwarf the rest).
+A processed request carries a 1,000-token prompt and 256 generated tokens, with repetition
+1.1, frequency 0.3 and presence 0.3 penalties, 20 logit_bias entries and 8 bad-word sequences.
+Each figure is the median of several rounds, the cases alternating; `ratio` is a case's time
+over the plain batch's of the same dtype and kind.
 """
 
 from __future__ import annotations
