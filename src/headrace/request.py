@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 GREEDY_BELOW_TEMPERATURE = 1e-5  # a smaller temperature samples greedily
 _MAX_INT = (1 << 31) - 1  # counts (max_tokens, top_k, token ids) fit an int32
 MAX_GRAMMAR_CHARS = 1_000_000  # as the request body limit
+MAX_PENALTY = 2.0  # presence and frequency penalties in [-2, 2], repetition in (0, 2] (OpenAI)
+MAX_LOGIT_BIAS = 100.0  # biases in [-100, 100]
+MAX_LOGIT_BIAS_ENTRIES = 300  # as OpenAI
+MAX_BAD_WORD_SEQUENCES = 128  # token sequences (a word gives one or two: with a leading space)
+MAX_BAD_WORD_TOKENS = 64  # tokens in one sequence
 
 
 class FinishReason(enum.StrEnum):
@@ -70,6 +75,14 @@ class SamplingParams:
     # An llguidance grammar (Lark, or its JSON form) the output must match: the front end makes
     # it from a JSON schema, a regex or choices, and checks it (headrace.api.structured).
     grammar: str | None = None
+    # Logits processors (docs/api.md has the formulas); each one's default is off.
+    presence_penalty: float = 0.0  # over the tokens generated so far
+    frequency_penalty: float = 0.0  # over the tokens generated so far
+    repetition_penalty: float = 1.0  # over prompt + generated tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, ids distinct
+    min_p: float = 0.0
+    min_tokens: int = 0  # EOS and stop_token_ids banned until this many tokens exist
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token-id sequences (tokenized by the front end)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -101,6 +114,41 @@ class SamplingParams:
             not isinstance(self.grammar, str) or not 0 < len(self.grammar) <= MAX_GRAMMAR_CHARS
         ):
             raise ValueError(f"grammar must be a string of 1 to {MAX_GRAMMAR_CHARS} characters")
+        self._validate_processors()
+
+    def _validate_processors(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check_range(name, getattr(self, name), -MAX_PENALTY, MAX_PENALTY)
+        _check_real("repetition_penalty", self.repetition_penalty)
+        if not 0 < self.repetition_penalty <= MAX_PENALTY:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        _check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
+        _check_logit_bias(self.logit_bias)
+        _check_bad_words(self.bad_words)
+
+    @property
+    def processes_logits(self) -> bool:
+        """True when a logits processor changes this request's logits before the choice
+        (min_p only narrows a draw: it is not one of them)."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+            or bool(self.logit_bias)
+            or self.min_tokens > 0
+            or bool(self.bad_words)
+        )
+
+    @property
+    def uses_output_history(self) -> bool:
+        """The processors read the tokens generated so far."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+            or bool(self.bad_words)
+        )
 
     @property
     def greedy(self) -> bool:
@@ -115,11 +163,45 @@ def _check_int(name: str, value: object, lo: int, hi: int) -> None:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
 
 
-def _check_real(name: str, value: object) -> None:
+def _check_range(name: str, value: object, lo: float, hi: float) -> None:
+    if not lo <= _check_real(name, value) <= hi:
+        raise ValueError(f"{name} must be in [{lo:g}, {hi:g}], got {value}")
+
+
+def _check_logit_bias(pairs: object) -> None:
+    if not isinstance(pairs, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
+        raise ValueError(f"logit_bias must be a tuple of (token id, bias) pairs, got {pairs!r}")
+    if len(pairs) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(
+            f"logit_bias has {len(pairs)} entries; at most {MAX_LOGIT_BIAS_ENTRIES} are accepted"
+        )
+    for token, bias in pairs:
+        _check_int("logit_bias token id", token, 0, _MAX_INT)
+        _check_range("logit_bias value", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+    if len({token for token, _ in pairs}) != len(pairs):
+        raise ValueError("logit_bias names a token id twice")
+
+
+def _check_bad_words(seqs: object) -> None:
+    if not isinstance(seqs, tuple) or not all(isinstance(s, tuple) and s for s in seqs):
+        raise ValueError(f"bad_words must be a tuple of non-empty token id tuples, got {seqs!r}")
+    if len(seqs) > MAX_BAD_WORD_SEQUENCES:
+        raise ValueError(
+            f"bad_words gives {len(seqs)} token sequences; at most {MAX_BAD_WORD_SEQUENCES}"
+        )
+    for seq in seqs:
+        if len(seq) > MAX_BAD_WORD_TOKENS:
+            raise ValueError(f"a bad word has {len(seq)} tokens; at most {MAX_BAD_WORD_TOKENS}")
+        for token in seq:
+            _check_int("bad_words token id", token, 0, _MAX_INT)
+
+
+def _check_real(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number, got {value!r}")
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value}")
+    return float(value)
 
 
 @dataclass

@@ -141,6 +141,11 @@ def vocab_size(model: Path) -> int:
     return int(Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size(True))
 
 
+def _past_vocab(field: str, vocab: int) -> object:
+    """A value of `field` naming the first id past the model's vocabulary."""
+    return {"logit_bias": {str(vocab): 1.0}, "bad_words": [[1, vocab]]}.get(field, [vocab])
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
@@ -157,6 +162,10 @@ def vocab_size(model: Path) -> int:
         ({"params": {"top_p": 2}}, "params.top_p"),
         ({"params": {"logprobs": 99}}, "params.logprobs"),
         ({"params": {"stop_token_ids": "VOCAB"}}, "params.stop_token_ids"),
+        ({"params": {"logit_bias": "VOCAB"}}, "params.logit_bias"),
+        ({"params": {"bad_words": "VOCAB"}}, "params.bad_words"),
+        ({"params": {"presence_penalty": 3}}, "params.presence_penalty"),
+        ({"params": {"min_tokens": 17}}, "params.min_tokens"),  # over max_tokens (16)
         ({"prompt_token_ids": "VOCAB"}, "prompt_token_ids"),
         ({"prompt_token_ids": [1, -2]}, "prompt_token_ids.1"),
         ({"prompt_token_ids": [1, "2"]}, "prompt_token_ids.1"),
@@ -172,7 +181,9 @@ def test_a_bad_wire_value_is_a_400_naming_the_field(
         if value == "VOCAB":
             change[key] = [1, vocab]
         elif isinstance(value, dict):
-            change[key] = {k: [vocab] if v == "VOCAB" else v for k, v in value.items()}
+            change[key] = {
+                k: _past_vocab(k, vocab) if v == "VOCAB" else v for k, v in value.items()
+            }
     r = replica_generate(remote.url, replica_body(**change), ADMIN)
     assert r.status_code == 400, r.text
     error = r.json()["error"]

@@ -33,6 +33,19 @@ def test_request_roundtrip() -> None:
     assert body.options.generate_options(arrival_time=5.0).arrival_time == 5.0
 
 
+def test_logits_processor_fields_roundtrip() -> None:
+    params = SamplingParams(
+        max_tokens=9, presence_penalty=0.5, frequency_penalty=-1.25, repetition_penalty=1.1,
+        logit_bias=((5, -100.0), (17, 2.5)), min_p=0.05, min_tokens=3, bad_words=((4,), (6, 7)),
+    )  # fmt: skip
+    data = roundtrip(wire.request_json("r1", "m", [1, 5], params, GenerateOptions()))
+    assert data["params"]["logit_bias"] == {"5": -100.0, "17": 2.5}
+    assert wire.params_from_json(data["params"]) == params
+    body = wire.ReplicaGenerateBody.model_validate(data)
+    assert body.params.sampling_params() == params
+    assert dict(body.params.token_ids())["params.bad_words"] == [4, 6, 7]
+
+
 def test_the_wire_sends_the_time_left_not_a_clock() -> None:
     options = GenerateOptions(timeout_s=10.0, queue_timeout_s=2.0, arrival_time=100.0)
     left = wire.time_left(options, now=103.0)
@@ -56,6 +69,17 @@ def test_the_wire_sends_the_time_left_not_a_clock() -> None:
         ({"stop": ["a"] * 17}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"ignore_eos": 1}, "ignore_eos"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": math.inf}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"min_p": 1.01}, "min_p"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"logit_bias": {"x": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"1": -101.0}}, "logit_bias"),
+        ({"logit_bias": [[1, 2.0]]}, "logit_bias"),
+        ({"bad_words": [[]]}, "bad_words"),
+        ({"bad_words": [[-1]]}, "bad_words"),
+        ({"bad_words": [[1]] * 129}, "bad_words"),
         ({"bogus": 1}, "bogus"),
     ],
 )

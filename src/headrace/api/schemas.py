@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from headrace.api.structured import StructuredFields
 from headrace.api.text import Text
 from headrace.api.unsupported import ChatExtras, CompletionExtras
+from headrace.request import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_PENALTY
 
 MAX_TOKENS_LIMIT = 1_000_000  # schema bound; the model's context is the real limit
 MAX_CHAT_MESSAGES = 2048  # as OpenAI: a longer conversation is a flood, not a chat
@@ -24,6 +25,19 @@ _STRICT = ConfigDict(strict=True, allow_inf_nan=False)
 Stop = Annotated[Text, Field(min_length=1, max_length=256)]
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+Penalty = Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)]
+# token id (a decimal string, as JSON keys are) -> bias; ids below the vocabulary: checked later
+LogitBias = Annotated[
+    dict[
+        Annotated[str, Field(pattern=r"^[0-9]{1,10}$")],
+        Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)],
+    ],
+    Field(max_length=MAX_LOGIT_BIAS_ENTRIES),
+]
+MAX_BAD_WORDS = 64
+BadWords = Annotated[list[Annotated[Text, Field(min_length=1, max_length=256)]], Field(
+    max_length=MAX_BAD_WORDS
+)]  # fmt: skip
 
 
 class SamplingFields(StructuredFields):
@@ -41,6 +55,18 @@ class SamplingFields(StructuredFields):
         None, description="token ids that end the output (as vLLM: kept in the text unless special)"
     )
     ignore_eos: bool = Field(False, description="keep generating past end-of-sequence")
+    # Logits processors (docs/api.md gives each formula); null or absent: off.
+    presence_penalty: Penalty | None = Field(None, description="minus this once per token seen")
+    frequency_penalty: Penalty | None = Field(None, description="minus this per occurrence")
+    repetition_penalty: float | None = Field(
+        None, gt=0, le=MAX_PENALTY, description="prompt + output tokens: /r if > 0, else *r"
+    )
+    logit_bias: LogitBias | None = Field(None, description="token id -> bias added to its logit")
+    min_p: float | None = Field(None, ge=0, le=1, description="drop p < min_p * max p")
+    min_tokens: int | None = Field(
+        None, ge=0, le=MAX_TOKENS_LIMIT, description="no EOS or stop_token_ids before this many"
+    )
+    bad_words: BadWords | None = Field(None, description="words never generated (as vLLM)")
     stream: bool = False
     timeout: float | None = Field(
         None, gt=0, le=86_400, description="seconds; ends with finish_reason `timeout`"

@@ -13,12 +13,13 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Request
 
 from headrace.api.arrival import arrival_time
 from headrace.api.errors import APIError, bad_request
+from headrace.api.logits_fields import processor_params
 from headrace.api.schemas import SamplingFields
 from headrace.api.sse import DONE, error_event, wait_for_disconnect
 from headrace.api.state import AppState
@@ -50,14 +51,18 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def sampling_params(
+    body: SamplingFields, max_tokens: int, logprobs: int | None, tokenizer: Any
+) -> SamplingParams:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     grammar = grammar_of(body)
+    processors = processor_params(body, tokenizer, max_tokens)
     try:
         return SamplingParams(
             max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
             top_k=max(body.top_k, 0), seed=body.seed, stop=stop, ignore_eos=body.ignore_eos,
             logprobs=logprobs, stop_token_ids=tuple(body.stop_token_ids or ()), grammar=grammar,
+            **processors,
         )  # fmt: skip
     except ValueError as e:
         raise bad_request(str(e)) from e
@@ -96,7 +101,7 @@ async def admit(
     if max_tokens is None:  # chat without a limit: the rest of the context
         max_tokens = max(engine.max_model_len - len(ids), 1)
     check_context(len(ids), max_tokens, engine.max_model_len)
-    params = sampling_params(body, max_tokens, logprobs)
+    params = sampling_params(body, max_tokens, logprobs, engine.tokenizer)
     admission = state.gateway.admit(tenant, len(ids), max_tokens, model)
     arrival = arrival_time(request.scope)
     options = GenerateOptions(

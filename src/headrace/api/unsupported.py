@@ -17,12 +17,6 @@ from pydantic import BaseModel, ValidationInfo, field_validator
 _OFF: dict[str, tuple[Any, ...]] = {
     "best_of": (1,),
     "echo": (False,),
-    "frequency_penalty": (0, 0.0),
-    "presence_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
-    "min_p": (0, 0.0),
-    "min_tokens": (0,),
-    "logit_bias": ({},),
     "suffix": ("",),
     "tools": ([],),
     "tool_choice": ("none", "auto"),
@@ -37,7 +31,6 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1, 1.0),
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
-    "bad_words": ([],),
     "prompt_logprobs": (),
     "chat_template": (),
     "chat_template_kwargs": ({},),
@@ -63,17 +56,10 @@ class _Unsupported(BaseModel):
 
 
 class _Common(_Unsupported):
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    repetition_penalty: Any = None
-    min_p: Any = None
-    min_tokens: Any = None
-    logit_bias: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
     include_stop_str_in_output: Any = None
     skip_special_tokens: Any = None
-    bad_words: Any = None
     # Accepted and ignored: they label or route a request, they do not change its output.
     user: Any = None
     metadata: Any = None

@@ -262,9 +262,9 @@ class ModelRunner:
 
 
 def _plain_greedy(r: ScheduledRequest) -> bool:
-    """Greedy with no use for the logits themselves (logprobs, a grammar's mask)."""
+    """Greedy on the raw logits: no logprobs, no grammar mask, no logits processors."""
     p = r.params
-    return p.greedy and p.logprobs is None and p.grammar is None
+    return p.greedy and p.logprobs is None and p.grammar is None and r.logits_inputs is None
 
 
 def _int8_greedy_head(model: CausalLM) -> Int8GreedyHead | None:

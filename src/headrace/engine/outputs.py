@@ -13,6 +13,16 @@ from headrace.request import FinishReason, SamplingParams
 
 
 @dataclass(frozen=True)
+class LogitsInputs:
+    """What a request's logits processors read beyond its params. The scheduler sends it only
+    with a sampling step of a request whose params process logits, and only the parts they use."""
+
+    output_token_ids: list[int]  # generated so far; empty unless a penalty or bad_words reads it
+    prompt_token_ids: list[int]  # empty unless repetition_penalty != 1
+    banned_token_ids: tuple[int, ...]  # EOS and stop_token_ids while short of min_tokens
+
+
+@dataclass(frozen=True)
 class ScheduledRequest:
     """One request's share of a step."""
 
@@ -23,6 +33,7 @@ class ScheduledRequest:
     sample: bool  # True when this chunk reaches the end of the known tokens: sample one more
     params: SamplingParams
     num_output_tokens: int  # tokens generated so far (seeded sampling steps on this)
+    logits_inputs: LogitsInputs | None = None  # None: no logits processor this step
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""Per-request sampling in one batch: greedy, temperature, top-k, top-p, seeds, logprobs.
+"""Per-request sampling in one batch: greedy, temperature, min-p, top-k, top-p, seeds, logprobs.
+
+Requests with logits processors (penalties, logit_bias, min_tokens, bad_words: their
+ScheduledRequest has `logits_inputs`) get their rows copied to float32 and processed
+(logits_processors.py) before the same choice; the other rows take the plain path untouched.
 
 A draw is inverse-CDF sampling with one uniform number per request. For a seeded request that
 number is a hash of (seed, num_output_tokens), so the same request gives the same tokens whatever
@@ -13,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from headrace.engine.logits_processors import apply_processors
 from headrace.engine.outputs import ScheduledRequest, TokenLogprobs
 from headrace.kernels.argmax import argmax_rows
 from headrace.request import GREEDY_BELOW_TEMPERATURE
@@ -31,21 +36,42 @@ class Sampler:
     def __call__(
         self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """logits [S, V] (any float dtype), one row per request -> token ids and logprobs."""
-        greedy = [i for i, r in enumerate(requests) if r.params.greedy]
-        drawn = [i for i, r in enumerate(requests) if not r.params.greedy]
-        if not drawn:  # greedy needs no float32 copy of a [S, 262k] bf16 tensor
-            chosen = argmax_rows(logits).tolist()
-        else:
-            tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
-            if greedy:
-                rows = torch.tensor(greedy, device=logits.device)
-                tokens[rows] = argmax_rows(logits.index_select(0, rows))
-            rows = torch.tensor(drawn, device=logits.device)
-            sub = logits.index_select(0, rows).float()
-            tokens[rows] = self._draw(sub, [requests[i] for i in drawn])
-            chosen = tokens.tolist()
+        """logits [S, V] (any float dtype), one row per request -> token ids and logprobs
+        (logprobs from the raw logits, before any processor, as OpenAI and vLLM)."""
+        processed = [i for i, r in enumerate(requests) if r.logits_inputs is not None]
+        tokens = self._choose(logits, requests, skip=processed)  # [S]
+        if processed:
+            rows = torch.tensor(processed, device=logits.device)
+            subset = [requests[i] for i in processed]
+            every = len(processed) == len(requests)
+            own = logits.float() if every else logits.index_select(0, rows).float()
+            if own is logits:  # already float32: the raw logits stay for the logprobs
+                own = own.clone()
+            x = apply_processors(own, subset)  # [P, V] float32
+            tokens[rows] = self._choose(x, subset)
+        chosen = tokens.tolist()
         return chosen, _logprobs(logits, requests, chosen)
+
+    def _choose(
+        self, logits: torch.Tensor, requests: Sequence[ScheduledRequest], skip: Sequence[int] = ()
+    ) -> torch.Tensor:
+        """logits [S, V] -> token ids [S]; rows in `skip` get an argmax to be replaced."""
+        skipped = set(skip)
+        if len(skipped) == len(requests):
+            return torch.empty(len(requests), dtype=torch.int64, device=logits.device)
+        drawn = [i for i, r in enumerate(requests) if not r.params.greedy and i not in skipped]
+        if not drawn:  # greedy needs no float32 copy of a [S, 262k] bf16 tensor
+            return argmax_rows(logits)
+        drawn_set = set(drawn)
+        greedy = [i for i in range(len(requests)) if i not in drawn_set]
+        tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
+        if greedy:
+            rows = torch.tensor(greedy, device=logits.device)
+            tokens[rows] = argmax_rows(logits.index_select(0, rows))
+        rows = torch.tensor(drawn, device=logits.device)
+        sub = logits.index_select(0, rows).float()
+        tokens[rows] = self._draw(sub, [requests[i] for i in drawn])
+        return tokens
 
     def _draw(self, logits: torch.Tensor, reqs: list[ScheduledRequest]) -> torch.Tensor:
         """logits [R, V] -> token ids [R]."""
@@ -53,6 +79,7 @@ class Sampler:
         # Greedy requests never come here; the floor keeps a division by ~0 out regardless.
         temps = [max(r.params.temperature, GREEDY_BELOW_TEMPERATURE) for r in reqs]
         x = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
+        x = _min_p(x, [r.params.min_p for r in reqs])
         x = _top_k(x, [r.params.top_k for r in reqs])
         x = _top_p(x, [r.params.top_p for r in reqs])
         probs = torch.softmax(x, dim=-1)  # [R, V]
@@ -67,6 +94,21 @@ class Sampler:
         if req.params.seed is None:
             return self._rng.random()
         return seeded_uniform(req.params.seed, req.num_output_tokens)
+
+
+def _min_p(x: torch.Tensor, ps: list[float]) -> torch.Tensor:
+    """Keep each row's tokens whose probability is at least p times the likeliest one's
+    (x, the sampler's own tensor, is changed in place)."""
+    rows = [i for i, p in enumerate(ps) if p > 0]
+    if not rows:
+        return x
+    index = torch.tensor(rows, device=x.device)
+    sub = x.index_select(0, index)  # [R', V]
+    probs = torch.softmax(sub, dim=-1)
+    p = torch.tensor([ps[i] for i in rows], device=x.device, dtype=probs.dtype)[:, None]
+    floor = p * probs.max(dim=-1, keepdim=True).values  # [R', 1]
+    x[index] = sub.masked_fill(probs < floor, float("-inf"))
+    return x
 
 
 def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:

@@ -17,6 +17,7 @@ from headrace.engine.admission import make_admission
 from headrace.engine.block_manager import BlockManager
 from headrace.engine.fair_queue import FairQueue
 from headrace.engine.limits import check_fits
+from headrace.engine.logits_inputs import logits_inputs
 from headrace.engine.outputs import (
     RequestOutput,
     RunnerOutput,
@@ -300,15 +301,17 @@ class Scheduler:
             req = self.requests[rid]
             start = req.num_computed_tokens
             self._last_prefill += max(0, min(n, req.num_prompt_tokens - start))
+            sample = start + n == req.num_tokens
             scheduled.append(
                 ScheduledRequest(
                     request_id=rid,
                     token_ids=_token_slice(req, start, n),
                     start_pos=start,
                     block_ids=self.blocks.block_table(rid),
-                    sample=start + n == req.num_tokens,
+                    sample=sample,
                     params=req.params,
                     num_output_tokens=req.num_output_tokens,
+                    logits_inputs=logits_inputs(req) if sample else None,
                 )
             )
             self.queue.charge(req, n)

@@ -117,10 +117,7 @@ router.include_router(_replica)
 
 def _check_vocabulary(engine: EngineClient, body: ReplicaGenerateBody) -> None:
     vocab = int(engine.tokenizer.vocab_size)
-    for field, ids in (
-        ("prompt_token_ids", body.prompt_token_ids),
-        ("params.stop_token_ids", body.params.stop_token_ids),
-    ):
+    for field, ids in [("prompt_token_ids", body.prompt_token_ids), *body.params.token_ids()]:
         bad = next((t for t in ids if t >= vocab), None)
         if bad is not None:
             raise bad_request(

@@ -15,13 +15,20 @@ import dataclasses
 import time
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from headrace.api.schemas import MAX_TOKENS_LIMIT, SEED_MAX, Stop
+from headrace.api.schemas import MAX_TOKENS_LIMIT, SEED_MAX, LogitBias, Penalty, Stop
 from headrace.api.text import Text
 from headrace.engine.client import GenerateOptions, GenerationChunk
 from headrace.engine.outputs import StepStats, TokenLogprobs
-from headrace.request import MAX_GRAMMAR_CHARS, FinishReason, SamplingParams
+from headrace.request import (
+    MAX_BAD_WORD_SEQUENCES,
+    MAX_BAD_WORD_TOKENS,
+    MAX_GRAMMAR_CHARS,
+    MAX_PENALTY,
+    FinishReason,
+    SamplingParams,
+)
 
 MIN_TIMEOUT_S = 0.001  # what is left of a deadline that ran out on the way: it ends at once
 MAX_PRIORITY = 9  # as in the tenants file: a tier's priority is 0..9
@@ -31,6 +38,7 @@ _STRICT = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]  # below the vocabulary: checked per model
 Seconds = Annotated[float, Field(gt=0)]
+TokenSequence = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_BAD_WORD_TOKENS)]
 
 
 class WireParams(BaseModel):
@@ -48,12 +56,46 @@ class WireParams(BaseModel):
     ignore_eos: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=20)
     grammar: Text | None = Field(default=None, min_length=1, max_length=MAX_GRAMMAR_CHARS)
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: float = Field(default=1.0, gt=0, le=MAX_PENALTY)
+    logit_bias: LogitBias = Field(default_factory=dict)  # as the API: {"token id": bias}
+    min_p: float = Field(default=0.0, ge=0, le=1)
+    min_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS_LIMIT)
+    bad_words: list[TokenSequence] = Field(
+        default_factory=list, max_length=MAX_BAD_WORD_SEQUENCES
+    )  # token-id sequences, tokenized by the front end
+
+    @field_validator("min_tokens")
+    @classmethod
+    def _within_max_tokens(cls, value: int, info: ValidationInfo) -> int:
+        max_tokens = info.data.get("max_tokens")
+        if max_tokens is not None and value > max_tokens:
+            raise ValueError(f"min_tokens ({value}) must not exceed max_tokens ({max_tokens})")
+        return value
 
     def sampling_params(self) -> SamplingParams:
         fields = self.model_dump()
         fields["stop"] = tuple(self.stop)
         fields["stop_token_ids"] = tuple(self.stop_token_ids)
+        fields["logit_bias"] = tuple((int(t), b) for t, b in self.logit_bias.items())
+        fields["bad_words"] = tuple(tuple(seq) for seq in self.bad_words)
         return SamplingParams(**fields)
+
+    def token_ids(self) -> list[tuple[str, list[int]]]:
+        """The token ids it names, by field, for the replica's vocabulary check."""
+        return [
+            ("params.stop_token_ids", self.stop_token_ids),
+            ("params.logit_bias", [int(t) for t in self.logit_bias]),
+            ("params.bad_words", [t for seq in self.bad_words for t in seq]),
+        ]
+
+
+def params_json(params: SamplingParams) -> dict[str, Any]:
+    """`SamplingParams` as `WireParams` reads it (logit_bias as {"token id": bias})."""
+    data = dataclasses.asdict(params)
+    data["logit_bias"] = {str(t): b for t, b in params.logit_bias}
+    return data
 
 
 class WireOptions(BaseModel):
@@ -104,7 +146,7 @@ def request_json(
         "request_id": request_id,
         "model": model,
         "prompt_token_ids": prompt_ids,
-        "params": dataclasses.asdict(params),
+        "params": params_json(params),
         "options": dataclasses.asdict(time_left(options)),
     }
 
