@@ -112,4 +112,4 @@ def test_sdk_sees_errors_as_its_exceptions(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         sdk.completions.create(model="tiny", prompt="x", max_tokens=100_000)
     with pytest.raises(openai.BadRequestError):
-        sdk.chat.completions.create(model="tiny", messages=MESSAGES, n=2)  # type: ignore[arg-type]
+        sdk.chat.completions.create(model="tiny", messages=MESSAGES, n=17)  # type: ignore[arg-type]

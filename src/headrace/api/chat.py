@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from headrace.api.choices import Choices
 from headrace.api.logprobs import chat_logprobs
 from headrace.api.prompts import encode_chat
 from headrace.api.schemas import (
@@ -16,7 +17,7 @@ from headrace.api.schemas import (
     error_responses,
     streaming_response,
 )
-from headrace.api.serving import RequestRun, admit, run_to_end, start_stream, stream_run
+from headrace.api.serving import admit, run_to_end, start_stream, stream_run
 from headrace.api.sse import SSEResponse, encode_event
 from headrace.api.state import app_state
 from headrace.engine.client import EngineClient, GenerationChunk
@@ -43,9 +44,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     max_tokens = body.max_completion_tokens or body.max_tokens
     job = await admit(
         state, request, body, encode, max_tokens=max_tokens, logprobs=logprobs,
-        id_prefix="chatcmpl",
+        id_prefix="chatcmpl", n=body.n,
     )  # fmt: skip
-    run = RequestRun(state, job)
+    run = Choices(state, job, body.n)
     tok = job.engine.tokenizer
     head = {"id": job.request_id, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": job.model}  # fmt: skip
@@ -54,8 +55,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         extra: dict[str, Any] = {"usage": None} if include_usage else {}
 
-        def choice(delta: dict[str, Any], reason: str | None, lp: Any = None) -> bytes:
-            c = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": reason}
+        def choice(index: int, delta: dict[str, Any], reason: str | None, lp: Any = None) -> bytes:
+            c = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason}
             return encode_event({**head, "choices": [c], **extra})
 
         def event(chunk: GenerationChunk) -> bytes | None:
@@ -63,26 +64,26 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                 return None
             lp = chat_logprobs(tok, chunk.logprobs) if logprobs is not None else None
             reason = str(chunk.finish_reason) if chunk.finished else None
-            return choice({"content": chunk.text} if chunk.text else {}, reason, lp)
+            return choice(chunk.index, {"content": chunk.text} if chunk.text else {}, reason, lp)
 
         def end() -> list[bytes]:
             if not include_usage:
                 return []
             return [encode_event({**head, "choices": [], "usage": run.usage()})]
 
-        prelude = [choice({"role": "assistant", "content": ""}, None)]
+        prelude = [choice(i, {"role": "assistant", "content": ""}, None) for i in range(body.n)]
         events = stream_run(run, first, event, end, prelude)
         return SSEResponse(events, job.admission.headers, on_shutdown=state.shutdown.wait)
     chunks = await run_to_end(state, request, run)
-    lp = None
-    if logprobs is not None:
-        lp = chat_logprobs(tok, [x for c in chunks for x in c.logprobs])
-    message = {"role": "assistant", "content": "".join(c.text for c in chunks)}
-    choice_ = {
-        "index": 0,
-        "message": message,
-        "logprobs": lp,
-        "finish_reason": str(run.finish_reason),
-    }
-    answer = {**head, "object": "chat.completion", "choices": [choice_], "usage": run.usage()}
+    choices = []
+    for i in range(body.n):
+        mine = [c for c in chunks if c.index == i]
+        lp = None
+        if logprobs is not None:
+            lp = chat_logprobs(tok, [x for c in mine for x in c.logprobs])
+        message = {"role": "assistant", "content": "".join(c.text for c in mine)}
+        choices.append(
+            {"index": i, "message": message, "logprobs": lp, "finish_reason": run.reason(i)}
+        )
+    answer = {**head, "object": "chat.completion", "choices": choices, "usage": run.usage()}
     return JSONResponse(answer, headers=job.admission.headers)

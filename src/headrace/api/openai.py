@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from headrace.api.choices import Choices
 from headrace.api.logprobs import completion_logprobs
 from headrace.api.prompts import check_token_ids, encode_text
 from headrace.api.schemas import (
@@ -17,7 +18,7 @@ from headrace.api.schemas import (
     error_responses,
     streaming_response,
 )
-from headrace.api.serving import RequestRun, admit, run_to_end, start_stream, stream_run
+from headrace.api.serving import admit, run_to_end, start_stream, stream_run
 from headrace.api.sse import SSEResponse, encode_event
 from headrace.api.state import app_state
 from headrace.engine.client import EngineClient, GenerationChunk
@@ -58,27 +59,28 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
     job = await admit(
         state, request, body, encode, max_tokens=body.max_tokens, logprobs=body.logprobs,
-        id_prefix="cmpl",
+        id_prefix="cmpl", n=body.n,
     )  # fmt: skip
-    run = RequestRun(state, job)
+    run = Choices(state, job, body.n)
     tok = job.engine.tokenizer
     head = {"id": job.request_id, "object": "text_completion", "created": int(time.time()),
             "model": job.model}  # fmt: skip
     if body.stream:
         first = await start_stream(state, request, run)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        offset = 0
+        offsets = [0] * body.n  # text offset of each choice, for its logprobs
 
         def event(chunk: GenerationChunk) -> bytes | None:
-            nonlocal offset
             if not (chunk.text or chunk.finished or chunk.logprobs):
                 return None
             lp = None
             if body.logprobs is not None:
-                lp = completion_logprobs(tok, chunk.logprobs, offset)
-                offset += sum(len(t) for t in lp["tokens"])
+                lp = completion_logprobs(tok, chunk.logprobs, offsets[chunk.index])
+                offsets[chunk.index] += sum(len(t) for t in lp["tokens"])
             reason = str(chunk.finish_reason) if chunk.finished else None
-            choice = {"index": 0, "text": chunk.text, "logprobs": lp, "finish_reason": reason}
+            choice = {
+                "index": chunk.index, "text": chunk.text, "logprobs": lp, "finish_reason": reason,
+            }  # fmt: skip
             extra = {"usage": None} if include_usage else {}
             return encode_event({**head, "choices": [choice], **extra})
 
@@ -90,12 +92,15 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         events = stream_run(run, first, event, end)
         return SSEResponse(events, job.admission.headers, on_shutdown=state.shutdown.wait)
     chunks = await run_to_end(state, request, run)
-    logprobs = None
-    if body.logprobs is not None:
-        logprobs = completion_logprobs(tok, [lp for c in chunks for lp in c.logprobs])
-    choice = {
-        "index": 0, "text": "".join(c.text for c in chunks), "logprobs": logprobs,
-        "finish_reason": str(run.finish_reason),
-    }  # fmt: skip
-    answer = {**head, "choices": [choice], "usage": run.usage()}
+    choices = []
+    for i in range(body.n):
+        mine = [c for c in chunks if c.index == i]
+        logprobs = None
+        if body.logprobs is not None:
+            logprobs = completion_logprobs(tok, [lp for c in mine for lp in c.logprobs])
+        choices.append({
+            "index": i, "text": "".join(c.text for c in mine), "logprobs": logprobs,
+            "finish_reason": run.reason(i),
+        })  # fmt: skip
+    answer = {**head, "choices": choices, "usage": run.usage()}
     return JSONResponse(answer, headers=job.admission.headers)

@@ -16,6 +16,7 @@ from headrace.api.text import Text
 from headrace.api.unsupported import ChatExtras, CompletionExtras
 from headrace.request import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_PENALTY
 
+MAX_N = 16  # choices of one request (`n`); each is computed, the prompt once
 MAX_TOKENS_LIMIT = 1_000_000  # schema bound; the model's context is the real limit
 MAX_CHAT_MESSAGES = 2048  # as OpenAI: a longer conversation is a flood, not a chat
 SEED_MAX = 2**63 - 1
@@ -91,7 +92,7 @@ class CompletionRequest(SamplingFields, CompletionExtras):
         | Annotated[list[Text], Field(min_length=1, max_length=1)]
     ) = Field(description="a string, a list of token ids, or a list of one string")
     max_tokens: MaxTokens = 16
-    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    n: int = Field(1, ge=1, le=MAX_N, description=f"choices, at most {MAX_N}")
     logprobs: int | None = Field(None, ge=0, le=20)
     stream_options: StreamOptions | None = None
 
@@ -125,7 +126,7 @@ class ChatCompletionRequest(SamplingFields, ChatExtras):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES)
     max_tokens: MaxTokens | None = Field(None, description="default: the rest of the context")
     max_completion_tokens: MaxTokens | None = None
-    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    n: int = Field(1, ge=1, le=MAX_N, description=f"choices, at most {MAX_N}")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream_options: StreamOptions | None = None

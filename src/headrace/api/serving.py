@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 
@@ -90,8 +90,10 @@ async def admit(
     max_tokens: int | None,
     logprobs: int | None = None,
     id_prefix: str = "gen",
+    n: int = 1,
 ) -> Job:
-    """All the checks, cheapest first; `encode` tokenizes the prompt for the chosen engine."""
+    """All the checks, cheapest first; `encode` tokenizes the prompt for the chosen engine.
+    `n` choices are admitted as one request whose output may be `n` times `max_tokens`."""
     tenant = state.gateway.authenticate(request.headers)
     model, engine = state.engine_for(body.model)
     state.gateway.check(tenant, model)
@@ -102,7 +104,7 @@ async def admit(
         max_tokens = max(engine.max_model_len - len(ids), 1)
     check_context(len(ids), max_tokens, engine.max_model_len)
     params = sampling_params(body, max_tokens, logprobs, engine.tokenizer)
-    admission = state.gateway.admit(tenant, len(ids), max_tokens, model)
+    admission = state.gateway.admit(tenant, len(ids), n * max_tokens, model)
     arrival = arrival_time(request.scope)
     options = GenerateOptions(
         priority=tenant.priority, tenant=tenant.name, weight=tenant.weight,
@@ -114,12 +116,26 @@ async def admit(
     return Job(rid, model, engine, ids, params, options, admission, RequestTimer(start=arrival))
 
 
-class RequestRun:
-    """Iterates one job's chunks from its engine; `close()` must follow, in a `finally`."""
+class Run(Protocol):
+    """What the routes iterate: one request's chunks (`RequestRun`), or its `n` choices'."""
 
-    def __init__(self, state: AppState, job: Job) -> None:
+    job: Job
+
+    def __aiter__(self) -> Run: ...
+
+    async def __anext__(self) -> GenerationChunk: ...
+
+    async def close(self) -> None: ...
+
+
+class RequestRun:
+    """Iterates one job's chunks from its engine; `close()` must follow, in a `finally`.
+    With `settle=False` closing leaves the gateway and the metrics to the caller (`record`)."""
+
+    def __init__(self, state: AppState, job: Job, *, settle: bool = True) -> None:
         self.state = state
         self.job = job
+        self.settle = settle
         self.chunks = job.engine.generate(job.request_id, job.prompt_ids, job.params, job.options)
         self.prompt_tokens = len(job.prompt_ids)
         self.completion_tokens = 0
@@ -192,14 +208,23 @@ class RequestRun:
         except Exception:
             log.warning("cleaning up %s failed", job.request_id, exc_info=True)
         finally:
-            reason = str(self.finish_reason or FinishReason.ABORT)
-            used = self.prompt_tokens + self.completion_tokens
-            self.state.gateway.release(job.admission, used, reason)
-            job.timer.finish()
-            self.state.metrics.observe_request(
-                job.model, job.admission.tenant.tier, job.timer, reason,
-                self.prompt_tokens, self.completion_tokens, self.cached_tokens,
-            )  # fmt: skip
+            if self.settle:
+                used = self.prompt_tokens + self.completion_tokens
+                self.state.gateway.release(job.admission, used, self.reason)
+                self.record(self.prompt_tokens)
+
+    @property
+    def reason(self) -> str:
+        return str(self.finish_reason or FinishReason.ABORT)
+
+    def record(self, prompt_tokens: int) -> None:
+        """The request's metrics (a choice after the first counts no prompt tokens)."""
+        job = self.job
+        job.timer.finish()
+        self.state.metrics.observe_request(
+            job.model, job.admission.tenant.tier, job.timer, self.reason,
+            prompt_tokens, self.completion_tokens, self.cached_tokens,
+        )  # fmt: skip
 
 
 async def unless_disconnected(state: AppState, request: Request, work: Awaitable[T]) -> T:
@@ -222,7 +247,7 @@ async def unless_disconnected(state: AppState, request: Request, work: Awaitable
 
 
 async def stream_run(
-    run: RequestRun,
+    run: Run,
     first: GenerationChunk,
     event: Callable[[GenerationChunk], bytes | None],
     end: Callable[[], list[bytes]],
@@ -233,14 +258,12 @@ async def stream_run(
     try:
         for item in prelude:
             yield item
-        chunk = first
-        while True:
+        chunk: GenerationChunk | None = first
+        while chunk is not None:
             data = event(chunk)
             if data is not None:
                 yield data
-            if chunk.finished:
-                break
-            chunk = await anext(run)
+            chunk = await anext(run, None)
         run.job.timer.finish()
         for item in end():
             yield item
@@ -251,7 +274,7 @@ async def stream_run(
     yield DONE
 
 
-async def start_stream(state: AppState, request: Request, run: RequestRun) -> GenerationChunk:
+async def start_stream(state: AppState, request: Request, run: Run) -> GenerationChunk:
     """Wait for the first chunk before sending headers, so that a refusal is still a JSON error."""
     try:
         return await unless_disconnected(state, request, anext(run))
@@ -260,7 +283,7 @@ async def start_stream(state: AppState, request: Request, run: RequestRun) -> Ge
         raise
 
 
-async def run_to_end(state: AppState, request: Request, run: RequestRun) -> list[GenerationChunk]:
+async def run_to_end(state: AppState, request: Request, run: Run) -> list[GenerationChunk]:
     """All of a run's chunks (non-streaming), aborted if the client leaves first."""
 
     async def collect() -> list[GenerationChunk]:

@@ -32,6 +32,7 @@ class GenerationChunk:
     error: str | None = None
     queue_time: float | None = None  # seconds from arrival to first scheduled step
     cached_tokens: int = 0  # prompt tokens found in the prefix cache (set once started)
+    index: int = 0  # which of the request's `n` choices (set by the API, which fans out)
 
     @property
     def finished(self) -> bool:
