@@ -6,6 +6,7 @@
   torch path (gather the blocks with index_select, then SDPA with a mask), at several batch
   sizes and context lengths; the ratio is torch time / kernel time;
 * greedy argmax over [R, 262144] bf16 logits: the kernel vs `max(dim=-1)`;
+* grammar masks (structured outputs) on [R, 262144] bf16 logits: the kernel vs torch unpacking;
 * fused bf16 elementwise ops of a 512-token prefill (RMSNorm + residual, gelu x up) vs torch;
 * the greedy head, [R, 640] hidden rows -> token ids over a 262144 x 640 bf16 head (random
   weights of Gemma's scale): the exact int8 head vs the bf16 oneDNN matmul + argmax kernel.
@@ -33,6 +34,7 @@ from headrace.engine.step_inputs import build_step_inputs
 from headrace.kernels import fused
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
+from headrace.kernels.token_mask import _torch_mask, mask_tokens
 from headrace.layers.attention import _decode
 from headrace.layers.linear import pack_weight, packed_linear
 from headrace.request import SamplingParams
@@ -76,6 +78,16 @@ def argmax_case(rows: int, repeats: int) -> dict[str, float]:
     torch_ms = best_ms(lambda: x.max(dim=-1).indices, repeats)
     kernel_ms = best_ms(lambda: argmax_rows(x), repeats)
     return {"torch_ms": torch_ms, "kernel_ms": kernel_ms, "ratio": torch_ms / kernel_ms}
+
+
+def token_mask_case(rows: int, repeats: int) -> dict[str, float]:
+    """Grammar masks on [rows, 262144] bf16 logits (random bits: the worst case)."""
+    x = torch.randn(rows, VOCAB).bfloat16()
+    bits = torch.randint(-(2**31), 2**31 - 1, (rows, VOCAB // 32), dtype=torch.int64)
+    bitmask, index = bits.to(torch.int32), list(range(rows))
+    kernel_ms = best_ms(lambda: mask_tokens(x, index, bitmask), repeats)
+    torch_ms = best_ms(lambda: _torch_mask(x, index, bitmask), repeats)
+    return {"kernel_ms": kernel_ms, "torch_ms": torch_ms, "speedup": torch_ms / kernel_ms}
 
 
 def head_cases(rows: list[int], repeats: int) -> dict[str, dict[str, float]]:
@@ -126,6 +138,7 @@ def main() -> None:
         f"batch{b}_ctx{c}": decode_case(b, c, args.repeats) for b in (1, 8, 32) for c in (300, 1000)
     }
     report["greedy_argmax"] = {f"rows{r}": argmax_case(r, args.repeats) for r in (1, 8, 32)}
+    report["grammar_mask"] = {f"rows{r}": token_mask_case(r, args.repeats) for r in (1, 16, 32)}
     report["fused_elementwise"] = fused_cases(args.repeats)
     report["greedy_head"] = head_cases([1, 2, 4, 6, 8, 16], max(5, args.repeats // 3))
     print(json.dumps(report, indent=1))

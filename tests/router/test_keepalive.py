@@ -12,13 +12,13 @@ import httpx
 import pytest
 from fake_engine import FakeEngine
 
+from headrace.api import replica_api
 from headrace.api.app import build_app
 from headrace.config import ServerConfig
 from headrace.engine.client import GenerateOptions, GenerationChunk
 from headrace.gateway.access import InternalAccess
 from headrace.gateway.base import OpenGateway
 from headrace.request import FinishReason, SamplingParams
-from headrace.router import replica_api
 from headrace.router.remote import RemoteEngine
 
 GAP_S = 0.3  # between the fake engine's chunks; keep-alives go out every 0.05 s meanwhile

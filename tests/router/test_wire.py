@@ -9,6 +9,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from headrace.api import replica_schemas
 from headrace.engine.client import GenerateOptions, GenerationChunk
 from headrace.engine.outputs import StepStats, TokenLogprobs
 from headrace.request import FinishReason, SamplingParams
@@ -26,9 +27,9 @@ def test_request_roundtrip() -> None:
     options = GenerateOptions(priority=0, tenant="acme", weight=2.0, timeout_s=3.5)
     data = roundtrip(wire.request_json("r1", "m", [1, 5, 9], params, options))
     assert data["prompt_token_ids"] == [1, 5, 9]
-    assert wire.params_from_json(data["params"]) == params
-    assert wire.options_from_json(data["options"]) == options
-    body = wire.ReplicaGenerateBody.model_validate(data)
+    assert replica_schemas.params_from_json(data["params"]) == params
+    assert replica_schemas.options_from_json(data["options"]) == options
+    body = replica_schemas.ReplicaGenerateBody.model_validate(data)
     assert body.params.sampling_params() == params
     assert body.options.generate_options(arrival_time=5.0).arrival_time == 5.0
 
@@ -40,8 +41,8 @@ def test_logits_processor_fields_roundtrip() -> None:
     )  # fmt: skip
     data = roundtrip(wire.request_json("r1", "m", [1, 5], params, GenerateOptions()))
     assert data["params"]["logit_bias"] == {"5": -100.0, "17": 2.5}
-    assert wire.params_from_json(data["params"]) == params
-    body = wire.ReplicaGenerateBody.model_validate(data)
+    assert replica_schemas.params_from_json(data["params"]) == params
+    body = replica_schemas.ReplicaGenerateBody.model_validate(data)
     assert body.params.sampling_params() == params
     assert dict(body.params.token_ids())["params.bad_words"] == [4, 6, 7]
 
@@ -85,7 +86,7 @@ def test_the_wire_sends_the_time_left_not_a_clock() -> None:
 )
 def test_bad_params_are_refused_naming_the_field(params: dict, field: str) -> None:
     with pytest.raises(ValidationError) as e:
-        wire.params_from_json(params)
+        replica_schemas.params_from_json(params)
     assert e.value.errors()[0]["loc"][0] == field
 
 
@@ -110,7 +111,7 @@ def test_bad_params_are_refused_naming_the_field(params: dict, field: str) -> No
 )
 def test_bad_options_are_refused_naming_the_field(options: dict, field: str) -> None:
     with pytest.raises(ValidationError) as e:
-        wire.options_from_json(options)
+        replica_schemas.options_from_json(options)
     assert e.value.errors()[0]["loc"][0] == field
 
 

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
-from headrace.api import chat, generate, openai
+from headrace.api import chat, generate, openai, replica_api
 from headrace.api.arrival import ArrivalClock
 from headrace.api.early_refusal import EarlyRefusal
 from headrace.api.errors import install_error_handlers
@@ -29,7 +29,6 @@ from headrace.engine.client import EngineClient
 from headrace.gateway.access import Scope
 from headrace.gateway.base import Gateway
 from headrace.metrics.prometheus import Metrics
-from headrace.router import replica_api
 
 log = logging.getLogger("headrace.api")
 

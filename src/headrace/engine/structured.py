@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
+from headrace.kernels.token_mask import mask_tokens
 
 if TYPE_CHECKING:
     import llguidance
 
 log = logging.getLogger(__name__)
-
-_BITS = torch.arange(32, dtype=torch.int32)
 
 
 @dataclass
@@ -70,14 +69,11 @@ class GrammarMasks:
                 stopped.append(k)
             else:  # (llguidance.torch would import torch.compile's machinery for this)
                 state.matcher.unsafe_compute_mask_ptr(bitmask[k].data_ptr(), words * 4)
-        allowed = (bitmask.unsqueeze(-1) >> _BITS) & 1  # [R, V/32, 32]
-        allowed = allowed.reshape(len(rows), -1)[:, : logits.shape[1]].bool()  # [R, V]
         for k in stopped:
-            allowed[k] = False
-            allowed[k, self._eos] = True
-        index = torch.tensor(rows, device=logits.device)
-        masked = logits.index_select(0, index).masked_fill(~allowed.to(logits.device), -torch.inf)
-        logits.index_copy_(0, index, masked)
+            bitmask[k] = 0
+            for eos in self._eos:
+                bitmask[k, eos // 32] |= _bit(eos % 32)
+        mask_tokens(logits, rows, bitmask)
 
     def advance(self, sampled: Sequence[ScheduledRequest], tokens: Sequence[int]) -> None:
         """Feed each constrained request's matcher the token it was given."""
@@ -128,3 +124,8 @@ class GrammarMasks:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _bit(i: int) -> int:
+    """Bit i of an int32 word as a Python int (bit 31 is the sign bit)."""
+    return -(1 << 31) if i == 31 else 1 << i

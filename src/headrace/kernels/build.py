@@ -109,3 +109,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn = getattr(lib, name)
         fn.argtypes = [PTR, I64, I64, PTR]
         fn.restype = None
+    for name in ("token_mask_bf16", "token_mask_f32"):
+        fn = getattr(lib, name)
+        fn.argtypes = [PTR, I64, PTR, I64, PTR, I64]
+        fn.restype = None

@@ -480,3 +480,27 @@ void rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t D, int64_t inner, in
         }
     }
 }
+
+/* Grammar masks: x [N, V] logits; rows [R] the rows to mask; mask [R, W] int32 words, bit j % 32
+ * of word j / 32 set when token j is allowed (llguidance's and xgrammar's layout). Disallowed
+ * tokens become -inf in place. Whole words are the common case (all allowed inside a JSON
+ * string, none allowed between its tokens), so they are tested first. */
+#define DEFINE_TOKEN_MASK(NAME, T, NEG_INF)                                                    \
+    void NAME(T *x, int64_t V, const int64_t *rows, int64_t R, const int32_t *mask,            \
+              int64_t W) {                                                                     \
+        _Pragma("omp parallel for schedule(static)")                                          \
+        for (int64_t k = 0; k < R; k++) {                                                     \
+            T *row = x + rows[k] * V;                                                         \
+            const int32_t *m = mask + k * W;                                                  \
+            for (int64_t w = 0; w < W; w++) {                                                 \
+                const uint32_t bits = (uint32_t)m[w];                                         \
+                if (bits == 0xFFFFFFFFu) continue;                                            \
+                const int64_t j0 = w * 32, j1 = j0 + 32 < V ? j0 + 32 : V;                    \
+                for (int64_t j = j0; j < j1; j++)                                             \
+                    if (!((bits >> (j - j0)) & 1u)) row[j] = NEG_INF;                         \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+DEFINE_TOKEN_MASK(token_mask_bf16, uint16_t, (uint16_t)0xFF80)
+DEFINE_TOKEN_MASK(token_mask_f32, float, -INFINITY)

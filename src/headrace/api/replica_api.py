@@ -4,8 +4,9 @@ wants its live load.
 - `GET /v1/stats`: per model, its context length, whether it serves, its summed `StepStats`
   and, behind a router, each replica's state and load.
 - `POST /v1/replica/generate`: one request as token ids with the front end's sampling params
-  and options (`wire.ReplicaGenerateBody`, validated: a bad field is a 400 naming it); streams
-  one SSE event per `GenerationChunk` (the first and the last also carry the engine's stats),
+  and options (`replica_schemas.ReplicaGenerateBody`, validated: a bad field is a 400 naming
+  it); streams one SSE event per `GenerationChunk` (the first and the last also carry the
+  engine's stats),
   then `[DONE]`. A request that can never fit is a 400 before the stream starts. While the
   request waits, and between chunks, an SSE comment (`: keep-alive`) goes out every
   `KEEPALIVE_S`, so that the front end can tell a slow request from a frozen server.
@@ -29,6 +30,7 @@ from fastapi.responses import JSONResponse, Response
 
 from headrace.api.arrival import arrival_time
 from headrace.api.errors import APIError, bad_request
+from headrace.api.replica_schemas import ReplicaAbortBody, ReplicaGenerateBody
 from headrace.api.schemas import error_responses
 from headrace.api.serving import unless_disconnected
 from headrace.api.sse import DONE, SSEResponse, encode_event
@@ -36,12 +38,7 @@ from headrace.api.state import AppState, app_state
 from headrace.engine.client import EngineClient, GenerationChunk
 from headrace.gateway.access import Scope
 from headrace.request import FinishReason
-from headrace.router.wire import (
-    ReplicaAbortBody,
-    ReplicaGenerateBody,
-    chunk_json,
-    stats_json,
-)
+from headrace.router.wire import chunk_json, stats_json
 
 KEEPALIVE_S = 2.0  # a front end's read timeout (--replica-read-timeout-s) must exceed it
 KEEPALIVE = b": keep-alive\n\n"
