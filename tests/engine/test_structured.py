@@ -3,16 +3,20 @@ free requests in the same steps are unchanged, matchers are dropped when request
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
 
 import pytest
-from conftest import make_tiny_llama
+import torch
+from conftest import make_sentencepiece_tokenizer, make_tiny_llama
 
 from headrace.api.structured import _grammar
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.llm import LLM
+from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.structured import GrammarMasks
 from headrace.request import FinishReason, SamplingParams
 
 SCHEMA = {
@@ -77,3 +81,34 @@ def test_a_cut_value_ends_with_length_and_matchers_are_dropped(llm: LLM) -> None
     runner = llm.core.runner
     assert runner.grammars.num_matchers == 0  # type: ignore[attr-defined]
     assert llm.core.block_manager.num_used_blocks == 0
+
+
+def test_a_retried_step_rolls_the_matcher_back_and_a_stopped_grammar_allows_only_eos() -> None:
+    tok = make_sentencepiece_tokenizer()
+    vocab, eos = tok.get_vocab_size(), tok.token_to_id("<eos>")
+    masks = GrammarMasks(tok.to_str, vocab, [eos])
+    grammar = _grammar_of("choice", ["ab"])
+    a, b = tok.token_to_id("a"), tok.token_to_id("b")
+    req = ScheduledRequest("r", [5], 3, [0], True, SamplingParams(grammar=grammar), 0)
+    masks.prepare([req])
+
+    def allowed(r: ScheduledRequest) -> set[int]:
+        logits = torch.zeros(1, vocab)
+        masks.apply(logits, [r])
+        return set(torch.isfinite(logits[0]).nonzero().flatten().tolist())
+
+    first = allowed(req)
+    assert a in first and b not in first
+    masks.advance([req], [a])
+    assert allowed(req) == first  # the same step again (retried): rolled back, same mask
+    masks.advance([req], [a])
+    after_a = dataclasses.replace(req, num_output_tokens=1)
+    assert b in allowed(after_a) and a not in allowed(after_a)
+    masks.advance([after_a], [b])
+    done = dataclasses.replace(req, num_output_tokens=2)
+    assert allowed(done) == {eos}  # complete: only the end of the sequence
+    masks.advance([done], [eos])  # ignore_eos: generation goes on past the grammar
+    assert allowed(dataclasses.replace(req, num_output_tokens=3)) == {eos}
+    assert allowed(done) == {eos}  # a retried step after the stop
+    masks.drop(["r"])
+    assert masks.num_matchers == 0

@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 class _State:
     matcher: llguidance.LLMatcher
     consumed: int = 0  # output tokens the matcher has seen
+    after_stop: int = 0  # tokens after the grammar completed (ignore_eos): the matcher saw none
+
+    @property
+    def seen(self) -> int:
+        return self.consumed + self.after_stop
 
 
 class GrammarMasks:
@@ -81,12 +86,15 @@ class GrammarMasks:
             if s.params.grammar is None:
                 continue
             state = self._sync(s)
-            if not state.matcher.is_stopped() and not state.matcher.consume_token(token):
+            if state.matcher.is_stopped():
+                state.after_stop += 1
+            elif state.matcher.consume_token(token):
+                state.consumed += 1
+            else:
+                error = state.matcher.get_error()
                 raise ValueError(
-                    f"request {s.request_id}: token {token} breaks its grammar: "
-                    f"{state.matcher.get_error()}"
+                    f"request {s.request_id}: token {token} breaks its grammar: {error}"
                 )
-            state.consumed += 1
 
     def drop(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:
@@ -104,12 +112,14 @@ class GrammarMasks:
         state = future.result()
         if state.matcher.is_error():
             raise ValueError(f"request {s.request_id}: grammar error: {state.matcher.get_error()}")
-        excess = state.consumed - s.num_output_tokens
+        excess = state.seen - s.num_output_tokens
         if excess < 0:
             raise ValueError(f"request {s.request_id}: its grammar matcher lost track")
-        if excess:
-            state.matcher.rollback(excess)
-            state.consumed -= excess
+        undo = max(0, excess - state.after_stop)  # the matcher's own tokens to take back
+        state.after_stop -= excess - undo
+        if undo:
+            state.matcher.rollback(undo)
+            state.consumed -= undo
         return state
 
     def _build(self, grammar: str | None) -> _State:
