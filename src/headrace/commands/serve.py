@@ -137,7 +137,7 @@ def serve(
     config = uvicorn.Config(
         front_door(app), host=server_cfg.host, port=server_cfg.port, workers=1, lifespan="on",
         log_level=server_cfg.log_level, access_log=server_cfg.log_level == "debug",
-        timeout_graceful_shutdown=5, timeout_keep_alive=30,
+        timeout_graceful_shutdown=5, timeout_keep_alive=30, loop="uvloop",
         **uvicorn_options(FrontDoorLimits.from_config(server_cfg), server_cfg.http_parser),
     )  # fmt: skip
     server = _Server(config, app.state.headrace)
