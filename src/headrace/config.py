@@ -88,6 +88,7 @@ class ServerConfig:
     header_timeout_s: float = _f(30.0, "a request's line and headers must arrive within this, s")
     body_timeout_s: float = _f(60.0, "a request's body must arrive within this after its head, s")
     max_connections: int = _f(1000, "most open client connections; more get 503 with Retry-After")
+    http_parser: str = _f("httptools", "httptools (C) | h11 (pure Python): parses requests")
     log_level: str = _f("info", "debug | info | warning | error")
 
     def __post_init__(self) -> None:
@@ -95,6 +96,8 @@ class ServerConfig:
             raise ValueError("body and header sizes and max_connections must be positive")
         if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
             raise ValueError("header_timeout_s and body_timeout_s must be positive")
+        if self.http_parser not in ("httptools", "h11"):
+            raise ValueError(f"unknown http_parser {self.http_parser!r}: httptools or h11")
 
 
 @dataclass(frozen=True)

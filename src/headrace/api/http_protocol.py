@@ -1,17 +1,22 @@
-"""uvicorn's h11 protocol with the limits of a server facing the open network: a deadline for a
-request's line and headers and another for its body (a client that sends half a request and
-stops is dropped, not held forever), a header size limit answered with 431, and a cap on open
-connections answered with 503 and Retry-After. Errors are JSON in OpenAI's shape, and a
+"""uvicorn's HTTP/1.1 protocols with the limits of a server facing the open network: a deadline
+for a request's line and headers and another for its body (a client that sends half a request
+and stops is dropped, not held forever), a header size limit answered with 431, and a cap on
+open connections answered with 503 and Retry-After. Errors are JSON in OpenAI's shape, and a
 connection closed on an error while the client is still sending lingers (half-closed, its input
 drained) for a moment, so the client reads the answer instead of a reset.
 
-Parsing stays h11's; this adds a timer per connection and swaps the ASGI app a connection
-sees. `uvicorn_options(limits)` is what `uvicorn.Config` takes.
+The limits live in `_FrontDoor`, written once against a parser-neutral view of the request
+being read (`Reading`); each parser supplies only that view and how an error is written:
+`HttpToolsFrontDoor` (httptools, uvicorn's C parser: the default, about half the CPU per
+request) and `H11FrontDoor` (h11, pure Python). Parsing stays the library's; this adds a timer
+per connection and swaps the ASGI app a connection sees. `uvicorn_options(limits, parser)` is
+what `uvicorn.Config` takes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import resource
 from dataclasses import dataclass
@@ -19,6 +24,7 @@ from typing import Any, ClassVar, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from headrace.api.limits import HeaderSizeLimit, Refusal, error_response, header_too_large
 from headrace.config import ServerConfig
@@ -28,6 +34,7 @@ log = logging.getLogger("headrace.api")
 RETRY_AFTER_S = 1  # connections free up quickly: keep-alive and request deadlines bound them
 LINGER_S = 1.0  # Go's server waits 0.5 s after its FIN; draining meanwhile, we may end sooner
 _FDS_BESIDE_CONNECTIONS = 256  # engine pipes, model files, logs
+PARSERS = ("httptools", "h11")
 
 
 @dataclass(frozen=True)
@@ -45,19 +52,59 @@ class FrontDoorLimits:
         )  # fmt: skip
 
 
-def uvicorn_options(limits: FrontDoorLimits) -> dict[str, Any]:
-    """The `uvicorn.Config` arguments that put these limits in place."""
+def uvicorn_options(limits: FrontDoorLimits, parser: str = "httptools") -> dict[str, Any]:
+    """The `uvicorn.Config` arguments that put these limits in place, parsing with `parser`."""
+    if parser == "h11":
 
-    class Protocol(FrontDoorProtocol):
+        class H11(H11FrontDoor):
+            front_door = limits
+
+        # h11 refuses a header still incomplete past this size; a whole one is HeaderSizeLimit's
+        return {"http": H11, "h11_max_incomplete_event_size": limits.max_header_bytes}
+    if parser != "httptools":
+        raise ValueError(f"unknown HTTP parser {parser!r}: one of {', '.join(PARSERS)}")
+
+    class HttpTools(HttpToolsFrontDoor):
         front_door = limits
 
-    # h11 refuses a header still incomplete past this size; a whole one is HeaderSizeLimit's
-    return {"http": Protocol, "h11_max_incomplete_event_size": limits.max_header_bytes}
+    return {"http": HttpTools}
 
 
-class FrontDoorProtocol(H11Protocol):
+class Reading(enum.Enum):
+    """Where the client's current request stands, as its parser sees it."""
+
+    HEAD = "head"  # between requests, or their line and headers under way
+    BODY = "body"  # the head is in, its body is arriving
+    DONE = "done"  # all of it is in (its answer may be pending)
+    ERROR = "error"  # the bytes are not HTTP: nothing more is parsed
+
+
+class _FrontDoor(asyncio.Protocol):
+    """The limits, mixed in ahead of a uvicorn protocol class (which provides `app`, `loop`,
+    `transport`, `connections` and `cycle`, and is what `super()` reaches)."""
+
     front_door: ClassVar[FrontDoorLimits]
+    app: Any
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    connections: set[Any]
+    cycle: Any
 
+    # what the parser says
+    def _reading(self) -> Reading:
+        raise NotImplementedError
+
+    def _head_bytes(self) -> int:
+        """Bytes of a request head received and not yet parsed into a request."""
+        raise NotImplementedError
+
+    def _answer_begun(self) -> bool:
+        raise NotImplementedError
+
+    def _write_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        raise NotImplementedError
+
+    # the limits
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.app = HeaderSizeLimit(self.app, self.front_door.max_header_bytes)
@@ -66,9 +113,9 @@ class FrontDoorProtocol(H11Protocol):
         self._phase: str | None = None  # "headers" or "body": what the timer waits for
         self.lingering = False
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.raw_transport = transport
-        super().connection_made(cast(asyncio.Transport, _LingeringClose(transport, self)))
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.raw_transport = cast(asyncio.Transport, transport)
+        super().connection_made(cast(asyncio.Transport, _LingeringClose(self.raw_transport, self)))
         cap = self.front_door.max_connections
         if self._admitted() > cap:  # answered once its request is read: a reply, not a reset
             log.warning("refusing a connection: %d open, the limit is %d", self._admitted(), cap)
@@ -81,13 +128,13 @@ class FrontDoorProtocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self.lingering:
             return  # the rest of a request already answered
-        if self._timer is None and self.conn.their_state is h11.IDLE:
+        if self._timer is None and self._reading() is Reading.HEAD:
             self._start("headers")  # the next request on a kept-alive connection begins
         super().data_received(data)
         self._follow()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         self._follow()  # a pipelined request may be halfway through its body
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -95,9 +142,9 @@ class FrontDoorProtocol(H11Protocol):
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        """h11 refused the bytes: a header past the size limit is a 431, the rest a 400."""
+        """The parser refused the bytes: a header past the size limit is a 431, the rest a 400."""
         limit = self.front_door.max_header_bytes
-        if len(self.conn.trailing_data[0]) > limit:
+        if self._head_bytes() > limit:
             self._send_error(431, header_too_large(limit))
         else:
             self._send_error(400, "invalid HTTP request")
@@ -107,8 +154,8 @@ class FrontDoorProtocol(H11Protocol):
         raw = self.raw_transport
         if self.lingering or raw.is_closing():
             return
-        state = self.conn.their_state
-        unread = state in (h11.SEND_BODY, h11.ERROR) or bool(self.conn.trailing_data[0])
+        reading = self._reading()
+        unread = reading in (Reading.BODY, Reading.ERROR) or self._head_bytes() > 0
         if not unread or not raw.can_write_eof():
             raw.close()
             return
@@ -119,18 +166,16 @@ class FrontDoorProtocol(H11Protocol):
         self._timer = self.loop.call_later(LINGER_S, raw.close)
 
     def _admitted(self) -> int:
-        return sum(
-            1 for c in self.connections if isinstance(c, FrontDoorProtocol) and not c.refused
-        )
+        return sum(1 for c in self.connections if isinstance(c, _FrontDoor) and not c.refused)
 
     def _follow(self) -> None:
-        """Keep the timer in step with h11's view of the client's request."""
+        """Keep the timer in step with the parser's view of the client's request."""
         if self.lingering:
             return  # the linger timer ends this connection
-        state = self.conn.their_state
-        if state is h11.SEND_BODY and self._phase != "body":
+        reading = self._reading()
+        if reading is Reading.BODY and self._phase != "body":
             self._start("body")
-        elif state not in (h11.IDLE, h11.SEND_BODY):
+        elif reading not in (Reading.HEAD, Reading.BODY):
             self._stop()
 
     def _start(self, phase: str) -> None:
@@ -150,7 +195,7 @@ class FrontDoorProtocol(H11Protocol):
         self._timer, self._phase = None, None
         if self.transport.is_closing():
             return
-        if phase == "headers" and not self.conn.trailing_data[0]:
+        if phase == "headers" and not self._head_bytes():
             self.transport.close()  # it never asked anything: nothing to answer
             return
         limits = self.front_door
@@ -164,23 +209,103 @@ class FrontDoorProtocol(H11Protocol):
 
     def _send_error(self, status: int, message: str, *, linger: bool = True) -> None:
         """Answer with a JSON error if no response has begun, then close."""
-        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+        if not self._answer_begun():
             headers, body = error_response(status, message)
-            response = h11.Response(
-                status_code=status, headers=headers, reason=STATUS_PHRASES[status]
-            )
-            for event in (response, h11.Data(data=body), h11.EndOfMessage()):
-                self.transport.write(self.conn.send(event) or b"")
+            self._write_answer(status, headers, body)
         if linger:
             self.close()
         else:
             self.raw_transport.close()
 
 
+class HttpToolsFrontDoor(_FrontDoor, HttpToolsProtocol):
+    """The limits over httptools (llhttp). llhttp has no header size limit: the bytes of a head
+    still incomplete are counted here, and one past the limit is a 431 (a whole one that
+    arrives in a read is HeaderSizeLimit's, as for h11)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._state = Reading.HEAD
+        self._head_begun = False  # a request's first byte is parsed, its head not complete
+        self._head_count = 0  # bytes read while a head was incomplete
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return
+        if self._state is Reading.HEAD:
+            self._head_count += len(data)
+        super().data_received(data)
+        if self._state is Reading.HEAD and self._head_bytes() > self.front_door.max_header_bytes:
+            self._state = Reading.ERROR  # its head is not parsed further
+            self._send_error(431, header_too_large(self.front_door.max_header_bytes))
+
+    def send_400_response(self, msg: str) -> None:
+        self._state = Reading.ERROR
+        super().send_400_response(msg)
+
+    def on_message_begin(self) -> None:
+        self._state, self._head_begun = Reading.HEAD, True
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._state, self._head_begun, self._head_count = Reading.BODY, False, 0
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._state = Reading.DONE
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        if self._state is Reading.DONE:
+            self._state = Reading.HEAD  # ready for the next request on this connection
+        super().on_response_complete()
+
+    def _reading(self) -> Reading:
+        return self._state
+
+    def _head_bytes(self) -> int:
+        if self._state is not Reading.HEAD and self._state is not Reading.ERROR:
+            return 0
+        return max(self._head_count, 1) if self._head_begun else self._head_count
+
+    def _answer_begun(self) -> bool:
+        if self.cycle is None:
+            return False
+        if self._head_begun or self._state is Reading.HEAD:  # the cycle is the last request's
+            return not self.cycle.response_complete  # whose answer must not be interleaved
+        return bool(self.cycle.response_started)
+
+    def _write_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        head = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+        self.transport.write(STATUS_LINE[status] + head + b"\r\n" + body)
+
+
+class H11FrontDoor(_FrontDoor, H11Protocol):
+    """The limits over h11, whose buffer limit refuses a head still incomplete past the size."""
+
+    _STATES: ClassVar[dict[Any, Reading]] = {
+        h11.IDLE: Reading.HEAD, h11.SEND_BODY: Reading.BODY, h11.ERROR: Reading.ERROR,
+    }  # fmt: skip
+
+    def _reading(self) -> Reading:
+        return self._STATES.get(self.conn.their_state, Reading.DONE)
+
+    def _head_bytes(self) -> int:
+        return len(self.conn.trailing_data[0])
+
+    def _answer_begun(self) -> bool:
+        return self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE)
+
+    def _write_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        response = h11.Response(status_code=status, headers=headers, reason=STATUS_PHRASES[status])
+        for event in (response, h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event) or b"")
+
+
 class _LingeringClose:
     """The connection's transport for uvicorn's code, whose `close()` asks the protocol."""
 
-    def __init__(self, transport: asyncio.Transport, protocol: FrontDoorProtocol) -> None:
+    def __init__(self, transport: asyncio.Transport, protocol: _FrontDoor) -> None:
         self._transport = transport
         self._protocol = protocol
 
