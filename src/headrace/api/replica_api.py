@@ -29,10 +29,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from headrace.api.arrival import arrival_time
-from headrace.api.errors import APIError, bad_request
+from headrace.api.errors import bad_request
 from headrace.api.replica_schemas import ReplicaAbortBody, ReplicaGenerateBody
 from headrace.api.schemas import error_responses
-from headrace.api.serving import unless_disconnected
+from headrace.api.serving import engine_failure, unless_disconnected
 from headrace.api.sse import DONE, SSEResponse, encode_event
 from headrace.api.state import AppState, app_state
 from headrace.engine.client import EngineClient, GenerationChunk
@@ -156,18 +156,9 @@ async def _first(state: AppState, request: Request, pending: _Pending) -> Genera
     keep-alives, rather than leave the front end without a byte)."""
     try:
         return await unless_disconnected(state, request, pending.next(KEEPALIVE_S))
-    except ValueError as e:
-        await pending.close()
-        raise bad_request(str(e)) from e
-    except StopAsyncIteration:
-        await pending.close()
-        raise APIError(500, "the engine ended the request without a result") from None
-    except APIError:
-        await pending.close()
-        raise
     except Exception as e:
         await pending.close()
-        raise APIError(503, f"the engine failed: {e}", type="unavailable_error") from e
+        raise engine_failure(e, "a replica request") from e
 
 
 async def _events(

@@ -23,7 +23,7 @@ from headrace.api.logits_fields import processor_params
 from headrace.api.schemas import SamplingFields
 from headrace.api.sse import DONE, error_event, wait_for_disconnect
 from headrace.api.state import AppState
-from headrace.api.structured import grammar_of
+from headrace.api.structured import grammar_for
 from headrace.engine.client import EngineClient, GenerateOptions, GenerationChunk
 from headrace.gateway.base import Admission
 from headrace.metrics.timing import RequestTimer
@@ -52,10 +52,13 @@ def new_request_id(prefix: str) -> str:
 
 
 def sampling_params(
-    body: SamplingFields, max_tokens: int, logprobs: int | None, tokenizer: Any
+    body: SamplingFields,
+    max_tokens: int,
+    logprobs: int | None,
+    tokenizer: Any,
+    grammar: str | None = None,
 ) -> SamplingParams:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    grammar = grammar_of(body)
     processors = processor_params(body, tokenizer, max_tokens)
     try:
         return SamplingParams(
@@ -103,7 +106,8 @@ async def admit(
     if max_tokens is None:  # chat without a limit: the rest of the context
         max_tokens = max(engine.max_model_len - len(ids), 1)
     check_context(len(ids), max_tokens, engine.max_model_len)
-    params = sampling_params(body, max_tokens, logprobs, engine.tokenizer)
+    grammar = await grammar_for(body)
+    params = sampling_params(body, max_tokens, logprobs, engine.tokenizer, grammar)
     admission = state.gateway.admit(tenant, len(ids), n * max_tokens, model)
     arrival = arrival_time(request.scope)
     options = GenerateOptions(
@@ -114,6 +118,20 @@ async def admit(
     )  # fmt: skip
     rid = new_request_id(id_prefix)
     return Job(rid, model, engine, ids, params, options, admission, RequestTimer(start=arrival))
+
+
+def engine_failure(e: Exception, request_id: str) -> APIError:
+    """What an engine's stream raised, as the HTTP error (every route maps it here): refused
+    before it started (a ValueError: it can never fit) 400, ended without a result 500, the
+    engine itself failed 503."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, ValueError):
+        return bad_request(str(e))
+    if isinstance(e, StopAsyncIteration):
+        return APIError(500, "the engine ended the request without a result")
+    log.error("engine failed on %s", request_id, exc_info=e)
+    return APIError(503, f"the engine failed: {e}", type="unavailable_error")
 
 
 class Run(Protocol):
@@ -160,18 +178,11 @@ class RequestRun:
             raise StopAsyncIteration
         try:
             chunk = await anext(self.chunks)
-        except StopAsyncIteration:
-            self.finish_reason = FinishReason.ERROR
-            raise APIError(500, "the engine ended the request without a result") from None
-        except ValueError as e:  # refused by the engine before it started (cannot ever fit)
-            self.finish_reason = FinishReason.ERROR
-            raise bad_request(str(e)) from e
         except (APIError, asyncio.CancelledError):
             raise
         except Exception as e:
             self.finish_reason = FinishReason.ERROR
-            log.exception("engine failed on %s", self.job.request_id)
-            raise APIError(503, f"the engine failed: {e}", type="unavailable_error") from e
+            raise engine_failure(e, self.job.request_id) from e
         return self._record(chunk)
 
     def _record(self, chunk: GenerationChunk) -> GenerationChunk:

@@ -7,6 +7,7 @@ client that sends the same schema again pays nothing.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 from typing import Any, Literal
@@ -62,6 +63,14 @@ class StructuredFields(BaseModel):
     guided_regex: Text | None = None
     guided_choice: Choice | None = Field(None, min_length=1, max_length=1024)
     guided_grammar: Text | None = Field(None, description="a Lark grammar (llguidance's)")
+
+
+async def grammar_for(body: StructuredFields) -> str | None:
+    """`grammar_of`, in a worker thread when there is a constraint: a large schema takes
+    milliseconds to check, which the event loop (refusals, /health, streams) should not wait."""
+    if not _constraints(body):
+        return None
+    return await asyncio.to_thread(grammar_of, body)
 
 
 def grammar_of(body: StructuredFields) -> str | None:
