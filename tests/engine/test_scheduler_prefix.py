@@ -142,3 +142,32 @@ def test_without_prefix_caching_nothing_is_reused() -> None:
     e.run()
     assert e.finished["b"].num_cached_tokens == 0
     assert e.stats[-1].prefix_cache_queries_total == 0
+
+
+def test_requests_arriving_together_compute_their_shared_prefix_once() -> None:
+    e = _engine(max_num_batched_tokens=64)
+    system = make_prompt(3, 32)  # 8 full blocks
+    prompts = {"a": system + [1], "b": system + [2], "c": system + [3]}
+    for rid, prompt in prompts.items():
+        e.add(rid, prompt, **GREEDY)
+    e.run()
+    _check(e, prompts)
+    computed = sum(len(s.token_ids) for out in e.runner.steps for s in out.scheduled)
+    # a computes its 33 prompt tokens; b and c wait a step, then compute their last token.
+    assert computed == 33 + 1 + 1 + 3 * (GREEDY["max_tokens"] - 1)
+    assert [e.finished[r].num_cached_tokens for r in "abc"] == [0, 32, 32]
+
+
+def test_a_waiter_computes_the_prefix_itself_once_its_promiser_is_gone() -> None:
+    e = _engine(max_num_batched_tokens=8)  # the promiser needs 5 steps for its prompt
+    system = make_prompt(4, 36)
+    e.add("promiser", system + [1], **GREEDY)
+    e.add("waiter", system + [2], **GREEDY)
+    e.step()
+    e.step()
+    assert e.core.scheduler.requests["waiter"].status.name == "WAITING"
+    assert e.core.abort_request("promiser")
+    e.run()
+    _check(e, {"waiter": system + [2]})
+    # The 16 tokens the promiser computed before it left were cached for the waiter.
+    assert e.finished["waiter"].num_cached_tokens == 16

@@ -31,6 +31,10 @@ class BlockManager:
         self._tables: dict[str, list[int]] = {}
         self.cache = PrefixCache() if enable_caching else None
         self._chains: dict[str, list[BlockHash]] = {}  # hashes of each table's cached head
+        # Full prompt blocks that running requests are computing: a request that needs one of
+        # them next waits for it instead of computing it a second time.
+        self._promised: dict[BlockHash, str] = {}
+        self._promises: dict[str, list[BlockHash]] = {}
 
     @property
     def caching(self) -> bool:
@@ -95,6 +99,9 @@ class BlockManager:
         """Let go of all of the request's blocks; returns how many it held."""
         table = self._tables.pop(request_id, [])
         self._chains.pop(request_id, None)
+        for h in self._promises.pop(request_id, ()):
+            if self._promised.get(h) == request_id:
+                del self._promised[h]
         # Tail first: of one request's parked blocks, its last ones are evicted first.
         for block in reversed(table):
             self._refs[block] -= 1
@@ -135,6 +142,31 @@ class BlockManager:
             self._chains[request_id] = chain
         return len(table) * bs
 
+    def next_block_promised(self, request_id: str, token_ids: Sequence[int], salt: str) -> bool:
+        """Whether the first full block past the request's matched prefix is being computed by
+        another running request (so that waiting a step or two turns it into a hit)."""
+        if self.cache is None:
+            return False
+        chain = self._chains.get(request_id, [])
+        i, bs = len(chain), self.block_size
+        if (i + 1) * bs > len(token_ids) - 1:  # no full block left before the last token
+            return False
+        h = block_hash(chain[-1] if chain else root_hash(salt), token_ids[i * bs : (i + 1) * bs])
+        return self._promised.get(h, request_id) != request_id
+
+    def promise(self, request_id: str, token_ids: Sequence[int], salt: str) -> None:
+        """The request will compute the full blocks of `token_ids` past its matched prefix."""
+        if self.cache is None:
+            return
+        chain = self._chains.get(request_id, [])
+        parent, bs = chain[-1] if chain else root_hash(salt), self.block_size
+        promised = []
+        for i in range(len(chain), len(token_ids) // bs):
+            parent = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            if self._promised.setdefault(parent, request_id) == request_id:
+                promised.append(parent)
+        self._promises[request_id] = promised
+
     def num_uncached_full_blocks(self, request_id: str, num_computed_tokens: int) -> int:
         """Full computed blocks of the request not yet offered to the cache (0 without one)."""
         if self.cache is None:
@@ -160,6 +192,8 @@ class BlockManager:
             parent = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
             self.cache.register(table[i], parent)
             chain.append(parent)
+            if self._promised.get(parent) == request_id:  # kept: found in the cache from now
+                del self._promised[parent]
 
     # -- checks -----------------------------------------------------------------------------
 
@@ -200,6 +234,9 @@ class BlockManager:
         for rid, chain in self._chains.items():
             if len(chain) > len(self._tables.get(rid, ())):
                 raise AssertionError(f"{rid} has hashes for more blocks than it holds")
+        for h, rid in self._promised.items():
+            if rid not in self._tables or h not in self._promises.get(rid, ()):
+                raise AssertionError(f"a block is promised by {rid}, which holds no promise")
         if num_tokens_by_request is None:
             return
         for rid, n in num_tokens_by_request.items():

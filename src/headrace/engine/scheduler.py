@@ -43,6 +43,12 @@ def _rank(req: Request) -> tuple[int, float]:
     return (req.priority, req.arrival_time)
 
 
+def _known(req: Request) -> list[int]:
+    """The tokens a waiting request will compute: its prompt, and after a preemption the
+    tokens it had generated too."""
+    return req.prompt_token_ids if not req.output_token_ids else req.all_token_ids
+
+
 def _token_slice(req: Request, start: int, n: int) -> list[int]:
     """all_token_ids[start : start + n] without copying a long prompt for every decode."""
     p = req.num_prompt_tokens
@@ -208,11 +214,17 @@ class Scheduler:
         return n - refund
 
     def _admit(self, budget: int, plan: dict[str, int], preempted: set[str], now: float) -> int:
+        deferred: list[Request] = []  # waiting for a prefix that a running request computes
         while budget > 0:
             req = self.admission.next_candidate(self.queue, now)
             if req is None or req.request_id in preempted:
                 break
             hit = self._match_prefix(req)
+            if self.blocks.next_block_promised(req.request_id, _known(req), req.cache_salt):
+                self._unmatch(req)
+                self.queue.remove(req)
+                deferred.append(req)
+                continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self._room_for(req, n):
                 refund = self._preempt_for_priority(req, n, plan, preempted)
@@ -228,6 +240,7 @@ class Scheduler:
             else:
                 self.queue.remove(req)
             req.status = RequestStatus.RUNNING
+            self.blocks.promise(req.request_id, _known(req), req.cache_salt)
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
                 req.num_cached_tokens = hit
@@ -237,14 +250,15 @@ class Scheduler:
             self.running.sort(key=_rank)
             plan[req.request_id] = n
             budget -= n
+        for req in deferred:
+            self.queue.add(req)
         return budget
 
     def _match_prefix(self, req: Request) -> int:
         """Start a waiting request at its cached prefix; returns the tokens found."""
         if not self.blocks.caching or self.blocks.num_blocks_of(req.request_id):
             return 0
-        tokens = req.prompt_token_ids if not req.output_token_ids else req.all_token_ids
-        req.num_computed_tokens = self.blocks.match(req.request_id, tokens, req.cache_salt)
+        req.num_computed_tokens = self.blocks.match(req.request_id, _known(req), req.cache_salt)
         return req.num_computed_tokens
 
     def _unmatch(self, req: Request) -> None:
