@@ -16,7 +16,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from api.helpers import Server, start_server
+from api.helpers import Server, serving
 
 pytestmark = pytest.mark.gemma
 
@@ -52,13 +52,7 @@ SUBJECTS = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     args = ["--max-model-len", "1024", "--max-num-seqs", "24", "--log-level", "warning"]
-    s = start_server(args, tmp_path_factory.mktemp("structured"))
-    try:
-        s.wait_ready(timeout=300)
-        yield s
-    finally:
-        code = s.stop()
-    assert code == 0, s.log()
+    yield from serving(args, tmp_path_factory.mktemp("structured"))
 
 
 def _complete(server: Server, prompt: str, **body: Any) -> dict[str, Any]:
