@@ -100,3 +100,11 @@ def test_sum_stats_merges_waiting_work_by_priority() -> None:
     )
     assert total.waiting_by_priority == ((0, 1, 50), (1, 2, 80), (2, 4, 340))
     assert sum_stats([StepStats(), StepStats()]).waiting_by_priority is None
+
+
+def test_one_replicas_stats_are_its_own_report() -> None:
+    # The gateway reads a model's stats on every request: one replica's come back as the same
+    # object until it reports again, with nothing summed or compared.
+    report = StepStats(num_running=3, waiting_by_priority=((1, 2, 30),))
+    assert sum_stats([report]) is report
+    assert sum_stats(iter([report, report])).num_running == 6

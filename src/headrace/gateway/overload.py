@@ -232,6 +232,8 @@ class LoadShedder:
         now = self.clock()
         for model, st in self.stats_source().items():
             view = self._engines.setdefault(model, EngineView())
+            if view.seen and view.stats is st:
+                continue  # the same report: no field to compare
             if view.stats != st or not view.seen:
                 view.observe(st, now)
 

@@ -89,7 +89,11 @@ class LoadTracker:
 
 def sum_stats(stats: Iterable[StepStats]) -> StepStats:
     """One model's stats over its replicas: counts add up, the step time is the longest,
-    the waiting work per priority adds up priority by priority."""
+    the waiting work per priority adds up priority by priority. One replica's are its own
+    (the same object while it does not report again: the gateway reads them per request)."""
+    stats = list(stats)
+    if len(stats) == 1:
+        return stats[0]
     total: dict[str, Any] = {}
     by_priority: dict[int, tuple[int, int]] = {}
     reported = False
