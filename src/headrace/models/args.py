@@ -43,7 +43,7 @@ class ModelArgs:
 
     @property
     def attn_scale(self) -> float:
-        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+        return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
 
 def common_args(cfg: dict[str, Any], **overrides: Any) -> ModelArgs:
@@ -77,7 +77,9 @@ def common_args(cfg: dict[str, Any], **overrides: Any) -> ModelArgs:
     return ModelArgs(**values)
 
 
-def layer_windows(cfg: dict[str, Any], num_layers: int, all_sliding: bool = False) -> tuple:
+def layer_windows(
+    cfg: dict[str, Any], num_layers: int, all_sliding: bool = False
+) -> tuple[Window, ...]:
     """Sliding window per layer from `layer_types`, or on every layer when `all_sliding`."""
     window = cfg.get("sliding_window")
     types = cfg.get("layer_types")

@@ -10,7 +10,7 @@ from headrace.models.llama import LlamaForCausalLM
 
 def qwen_windows(cfg: dict[str, Any]) -> tuple[Window, ...]:
     """Older configs state `use_sliding_window` + `max_window_layers` instead of `layer_types`."""
-    n = cfg["num_hidden_layers"]
+    n = int(cfg["num_hidden_layers"])
     if not cfg.get("use_sliding_window", False) or cfg.get("sliding_window") is None:
         return (None,) * n
     if cfg.get("layer_types") is not None:

@@ -111,6 +111,8 @@ class Supervisor:
 
     def _next_backoff(self, replica: Replica) -> float:
         cfg = self.config
-        delay = min(cfg.restart_backoff_s * 2**replica.restart_attempts, cfg.restart_backoff_max_s)
+        delay: float = min(
+            cfg.restart_backoff_s * 2.0**replica.restart_attempts, cfg.restart_backoff_max_s
+        )
         replica.restart_attempts += 1
         return delay
