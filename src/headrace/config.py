@@ -172,6 +172,27 @@ class RouterConfig:
             raise ValueError("replica_read_timeout_s must be positive")
 
 
+@dataclass(frozen=True)
+class HeadraceConfig:
+    """Every subsystem's settings in one value: built once from the command line and passed
+    down whole (the deployment takes what it needs from it)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> HeadraceConfig:
+        return cls(
+            config_from_args(ModelConfig, args), config_from_args(CacheConfig, args),
+            config_from_args(SchedulerConfig, args), config_from_args(ServerConfig, args),
+            config_from_args(GatewayConfig, args), config_from_args(RouterConfig, args),
+        )  # fmt: skip
+
+
 C = TypeVar("C")
 
 

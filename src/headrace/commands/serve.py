@@ -27,12 +27,12 @@ from headrace.api.state import AppState
 from headrace.config import (
     CacheConfig,
     GatewayConfig,
+    HeadraceConfig,
     ModelConfig,
     RouterConfig,
     SchedulerConfig,
     ServerConfig,
     add_config_args,
-    config_from_args,
 )
 from headrace.gateway.base import Gateway, OpenGateway
 from headrace.gateway.setup import build_gateway, connect_gateway
@@ -59,47 +59,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    server_cfg = config_from_args(ServerConfig, args)
-    _setup_logging(server_cfg.log_level)
     models, args.model = args.model or [None], None
-    model_cfg = config_from_args(ModelConfig, args)
-    cache_cfg = config_from_args(CacheConfig, args)
-    sched_cfg = config_from_args(SchedulerConfig, args)
-    try:  # a bad tenants file stops the server before it loads anything
-        gateway = build_gateway(config_from_args(GatewayConfig, args))
-    except ValueError as e:
-        log.error("%s", e)
-        return 2
     try:
-        router_cfg = config_from_args(RouterConfig, args)
-        specs = parse_model_specs(
-            models, model_cfg.served_model_name, router_cfg.replicas, served_name
-        )
+        config = HeadraceConfig.from_args(args)
     except ValueError as e:
         log.error("%s", e)
         return 2
-    return serve(
-        model_cfg, cache_cfg, sched_cfg, server_cfg, gateway,
-        router_cfg=router_cfg, specs=specs, replica_urls=args.replica_url,
-    )  # fmt: skip
+    _setup_logging(config.server.log_level)
+    try:  # a bad tenants file stops the server before it loads anything
+        gateway = build_gateway(config.gateway)
+        name, replicas = config.model.served_model_name, config.router.replicas
+        specs = parse_model_specs(models, name, replicas, served_name)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    return serve(config, gateway, specs=specs, replica_urls=args.replica_url)
 
 
 def serve(
-    model_cfg: ModelConfig,
-    cache_cfg: CacheConfig,
-    sched_cfg: SchedulerConfig,
-    server_cfg: ServerConfig,
+    config: HeadraceConfig,
     gateway: Gateway | None = None,
     *,
-    router_cfg: RouterConfig | None = None,
     specs: list[ModelSpec] | None = None,
     replica_urls: list[str] | None = None,
 ) -> int:
     """Run until a signal; 0 on a clean stop, 1 if the model failed to load."""
-    router_cfg = router_cfg or RouterConfig()
+    model_cfg, server_cfg = config.model, config.server
     if specs is None:
         specs = parse_model_specs(
-            [model_cfg.model], model_cfg.served_model_name, router_cfg.replicas, served_name
+            [model_cfg.model], model_cfg.served_model_name, config.router.replicas, served_name
         )
     outcome: dict[str, BaseException] = {}
     server: _Server | None = None
@@ -114,9 +102,7 @@ def serve(
             await asyncio.sleep(0.02)
         ticker = asyncio.create_task(_tick(", ".join(s.name for s in specs), t0))
         try:
-            engines = await start_deployment(
-                specs, model_cfg, cache_cfg, sched_cfg, router_cfg, replica_urls or []
-            )
+            engines = await start_deployment(specs, config, replica_urls or [])
         except BaseException as e:
             outcome["error"] = e
             if server is not None:
@@ -139,13 +125,13 @@ def serve(
     connect_gateway(state.gateway, lambda: state.engines, state.metrics)
     state.metrics.add_collector(RouterMetrics(lambda: state.engines))
     fit_fd_limit(server_cfg.max_connections)
-    config = uvicorn.Config(
+    uv_config = uvicorn.Config(
         front_door(app), host=server_cfg.host, port=server_cfg.port, workers=1, lifespan="on",
         log_level=server_cfg.log_level, access_log=server_cfg.log_level == "debug",
         timeout_graceful_shutdown=5, timeout_keep_alive=30, loop="uvloop",
         **uvicorn_options(FrontDoorLimits.from_config(server_cfg), server_cfg.http_parser),
     )  # fmt: skip
-    server = _Server(config, app.state.headrace)
+    server = _Server(uv_config, app.state.headrace)
     server.run()
     if "error" in outcome:
         log.error("model failed to load: %s", outcome["error"])

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 
 import httpx
 
-from headrace.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig
+from headrace.config import (
+    CacheConfig,
+    HeadraceConfig,
+    ModelConfig,
+    RouterConfig,
+    SchedulerConfig,
+)
 from headrace.engine.client import EngineClient
 from headrace.router.remote import RemoteEngine
 from headrace.router.replica import Replica, Starter
@@ -66,17 +72,14 @@ def threads_per_replica(num_replicas: int, cores: int | None = None) -> int:
 
 
 async def start_deployment(
-    specs: Sequence[ModelSpec],
-    model_cfg: ModelConfig,
-    cache_cfg: CacheConfig,
-    sched_cfg: SchedulerConfig,
-    router_cfg: RouterConfig,
-    replica_urls: Sequence[str] = (),
+    specs: Sequence[ModelSpec], config: HeadraceConfig, replica_urls: Sequence[str] = ()
 ) -> dict[str, Router]:
     """Start every replica (in parallel), connect the remote ones, one router per model.
 
     A replica that fails to start fails the whole deployment: what started is closed again.
     """
+    model_cfg, cache_cfg, sched_cfg = config.model, config.cache, config.scheduler
+    router_cfg = config.router
     long_n = router_cfg.long_replicas
     total = sum(s.replicas + (long_n if s.replicas else 0) for s in specs)
     threads = model_cfg.num_threads or threads_per_replica(total)
