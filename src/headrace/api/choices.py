@@ -13,13 +13,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from headrace.api.schemas import MAX_N
 from headrace.api.serving import Job, RequestRun
 from headrace.api.state import AppState
 from headrace.engine.client import GenerationChunk
 from headrace.metrics.timing import RequestTimer
-
-__all__ = ["MAX_N", "Choices"]
 
 _Item = tuple[int, GenerationChunk | BaseException | None]  # None: that choice has ended
 

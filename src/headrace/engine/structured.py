@@ -13,7 +13,6 @@ twice: a matcher that consumed more tokens than the request has is rolled back f
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,8 +25,6 @@ from headrace.kernels.token_mask import mask_tokens
 
 if TYPE_CHECKING:
     import llguidance
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -131,9 +128,6 @@ class GrammarMasks:
                 self._tokenizer_json(), n_vocab=self.vocab_size, eos_token=self._eos
             )
         return _State(llguidance.LLMatcher(self._tokenizer, grammar, log_level=0))
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _bit(i: int) -> int:
