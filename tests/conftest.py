@@ -3,3 +3,5 @@
 Having this file puts `tests/` on `sys.path`, so helper modules of a test package import the
 same way from anywhere in the suite (`from models.tiny import make_tiny`).
 """
+
+pytest_plugins = ["netns"]
