@@ -235,6 +235,7 @@ class RequestRun:
         self.state.metrics.observe_request(
             job.model, job.admission.tenant.tier, job.timer, self.reason,
             prompt_tokens, self.completion_tokens, self.cached_tokens,
+            tenant=job.admission.tenant.name, weight=job.admission.tenant.weight,
         )  # fmt: skip
 
 
