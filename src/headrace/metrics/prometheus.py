@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from headrace.metrics.step_metrics import StepCollector
 from headrace.metrics.timing import RequestTimer
 from headrace.metrics.window import Finished, RequestWindow
 
@@ -89,6 +90,7 @@ class Metrics:
     def watch_engines(self, engines: EngineSource) -> None:
         """Export the live gauges of the engines that `engines()` returns at each scrape."""
         self.add_collector(EngineStatsCollector(engines))
+        self.add_collector(StepCollector(engines))
 
     def add_collector(self, collector: Collector) -> None:
         self.registry.register(collector)
