@@ -15,7 +15,9 @@ loopback, as the browser tests do:
 
     unshare -n sh -c 'ip link set lo up && .venv/bin/python bench/dashboard_cost.py'
 
-Prints JSON and writes it to bench/out/dashboard_cost.json.
+Prints JSON and writes it to bench/out/dashboard_cost.json. With `--screenshots DIR` it
+measures nothing: it opens the page, shoots it idle, runs the load and shoots it again
+(`dashboard-idle.png`, `dashboard-load.png`; the ones in docs/img/ come from here).
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def poller(url: str, hz: float) -> Background:
 class Page:
     """The dashboard open in headless Chromium."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, height: int = 1000) -> None:
         from playwright.sync_api import sync_playwright
 
         self.pw = sync_playwright().start()
@@ -111,7 +113,10 @@ class Page:
             executable_path="/usr/bin/chromium",
             args=["--no-sandbox", "--disable-background-networking"],
         )
-        ctx = self.browser.new_context(http_credentials={"username": "admin", "password": ADMIN})
+        ctx = self.browser.new_context(
+            http_credentials={"username": "admin", "password": ADMIN},
+            viewport={"width": 1400, "height": height},
+        )
         self.page = ctx.new_page()
         self.page.goto(url + "/dashboard")
 
@@ -143,6 +148,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--screenshots", default=None, help="shoot the page into DIR, measure nothing")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tenants = Path(tmp) / "tenants.yaml"
@@ -157,7 +163,10 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         try:
             wait_healthy(url, proc)
-            print(json.dumps(measure(url, proc.pid, args), indent=2))
+            if args.screenshots:
+                shoot(url, Path(args.screenshots), args)
+            else:
+                print(json.dumps(measure(url, proc.pid, args), indent=2))
         finally:
             proc.terminate()
             proc.wait(30)
@@ -190,6 +199,22 @@ def measure(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     OUT.mkdir(exist_ok=True)
     (OUT / "dashboard_cost.json").write_text(json.dumps(doc, indent=2))
     return doc
+
+
+def shoot(url: str, out: Path, args: argparse.Namespace) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    viewer = Page(url)
+    try:
+        viewer.page.wait_for_timeout(10_000)
+        viewer.page.screenshot(path=str(out / "dashboard-idle.png"), full_page=True)
+        running = load(url, args.max_tokens)
+        try:
+            viewer.page.wait_for_timeout(args.phase_s * 1000)
+            viewer.page.screenshot(path=str(out / "dashboard-load.png"), full_page=True)
+        finally:
+            running.stop()
+    finally:
+        viewer.stop()
 
 
 if __name__ == "__main__":

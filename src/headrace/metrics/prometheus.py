@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from headrace.metrics.step_metrics import StepCollector
 from headrace.metrics.timing import RequestTimer
+from headrace.metrics.tracing import RequestTracer
 from headrace.metrics.window import Finished, RequestWindow
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class Metrics:
             ["model_name", "finish_reason"], registry=r,
         )  # fmt: skip
         self.window = RequestWindow()  # the dashboard's last seconds, per tenant
+        self.tracer: RequestTracer | None = None  # --otlp-traces-endpoint
         if engines is not None:
             self.watch_engines(engines)
 
