@@ -148,6 +148,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--max-queued-requests", type=int, default=32)
     ap.add_argument("--screenshots", default=None, help="shoot the page into DIR, measure nothing")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -156,7 +157,7 @@ def main() -> None:
         port = free_port()
         cmd = [sys.executable, "-m", "headrace.cli", "serve", "--port", str(port),
                "--tenants", str(tenants), "--max-num-seqs", str(args.max_num_seqs),
-               "--max-queued-requests", "32", "--log-level", "warning"]  # fmt: skip
+               "--max-queued-requests", str(args.max_queued_requests), "--log-level", "warning"]  # fmt: skip
         if args.model:
             cmd += ["--model", args.model]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -5,6 +5,7 @@
 
 const POLL_MS = 1000;
 const HISTORY = 300;
+const RATE_POLLS = 5; // rates over the last 5 polls: requests finish in waves, not evenly
 const COLORS = ["#3b6fd4", "#e67e22", "#2a8a4a", "#c0392b", "#8e44ad", "#16a085", "#7f8c8d",
   "#d35400", "#2c3e50", "#f1c40f"];
 
@@ -44,7 +45,7 @@ class SeriesChart {
     this.plot = new uPlot({
       width, height: 170, series, legend: { live: false },
       scales: { y: { range: (u, min, max) => [Math.min(0, min), Math.max(1, max) * 1.05] } },
-      axes: [{}, { size: 55 }],
+      axes: [{ values: (u, ticks) => ticks.map(clock) }, { size: 55 }],
     }, this.data, this.el);
   }
 }
@@ -55,7 +56,12 @@ for (const id of ["requests", "batch", "kv", "step", "tps", "admitted", "refused
   charts[id] = new SeriesChart("c-" + id);
 }
 
-let previous = null; // the last snapshot, for rates
+const recent = []; // the last RATE_POLLS snapshots
+let previous = null; // the snapshot RATE_POLLS polls ago: rates are taken against it
+
+function clock(seconds) {
+  return new Date(seconds * 1000).toLocaleTimeString([], { hour12: false });
+}
 
 function rate(now, before, dt) {
   return before === undefined || dt <= 0 ? null : Math.max(0, (now - before) / dt);
@@ -205,13 +211,16 @@ function drawHeader(snap) {
 }
 
 function draw(snap) {
-  const t = snap.time, dt = previous === null ? 0 : t - previous.time;
+  const oldest = recent.length > 0 ? recent[0] : null;
+  const t = snap.time, dt = oldest === null ? 0 : t - oldest.time;
+  previous = oldest; // what rates are taken against
   drawHeader(snap);
   drawEngine(t, snap, dt);
   drawTenants(t, snap, dt);
   drawSlo(t, snap);
   drawRouter(t, snap, dt);
-  previous = snap;
+  recent.push(snap);
+  if (recent.length > RATE_POLLS) recent.shift();
 }
 
 function dataUrl() {
