@@ -157,7 +157,8 @@ def main() -> None:
         port = free_port()
         cmd = [sys.executable, "-m", "headrace.cli", "serve", "--port", str(port),
                "--tenants", str(tenants), "--max-num-seqs", str(args.max_num_seqs),
-               "--max-queued-requests", str(args.max_queued_requests), "--log-level", "warning"]  # fmt: skip
+               "--max-queued-requests", str(args.max_queued_requests),
+               "--log-level", "warning"]  # fmt: skip
         if args.model:
             cmd += ["--model", args.model]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -102,3 +102,24 @@ def test_unknown_static_file_is_404_and_paths_do_not_escape() -> None:
             return [(await c.get(p)).status_code for p in paths]
 
     assert asyncio.run(go()) == [404, 404]
+
+
+def test_data_takes_the_slo_targets_and_refuses_bad_ones() -> None:
+    app = build_app({"m": FakeEngine()}, OpenGateway(access=InternalAccess()), ServerConfig())
+
+    async def go() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            queries = ("ttft_ms=250&tpot_ms=40", "", "ttft_ms=0", "tpot_ms=abc")
+            return [await c.get(f"/dashboard/data?{q}") for q in queries]
+
+    chosen, default, zero, word = asyncio.run(go())
+    assert chosen.status_code == 200 and chosen.json()["slo"] == {"ttft_s": 0.25, "tpot_s": 0.04}
+    assert default.json()["slo"] == {"ttft_s": 1.0, "tpot_s": 0.1}
+    assert zero.status_code == 400 and word.status_code == 400
+    body = default.json()
+    assert body["status"] == "ok"
+    assert body["models"]["m"]["healthy"] is True and body["models"]["m"]["replicas"] == []
+    assert body["models"]["m"]["step"]["kv_blocks_total"] == 0
+    assert body["requests"]["all"]["requests"] == 0
+    assert default.headers["cache-control"] == "no-store"
