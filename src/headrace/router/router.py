@@ -145,6 +145,7 @@ class Router:
                         return
                     replica.first_output(request_id)
                     attempt.streamed = True
+                    chunk = dataclasses.replace(chunk, replica=replica.name)
                 elif chunk.finish_reason is FinishReason.ERROR and not replica.engine.is_healthy:
                     # Out of rotation now, not at the supervisor's next look.
                     replica.mark_down(chunk.error or "it failed mid-stream")
