@@ -2,10 +2,10 @@
 process, as for a local replica) on whichever node Ray placed it.
 
 The front end's `RayEngine` submits requests as token ids and collects every request's chunks
-with one long-polled `pull` at a time — a batch per model step rather than a Ray object per
-token and request (measured: a streamed Ray item costs ~0.2–0.35 ms, a pull ~1.2 ms, so at 8
-streams and more one pull per step costs less; docs/scale-out.md). Text is detokenized here,
-with the tokenizer the replica loaded itself: only ids, text and stats cross the wire.
+with one long-polled `pull` at a time: a batch per model step (for all the replica's streams,
+with its stats) rather than a Ray object per token and request. One streaming generator of
+such batches (`feed`) measured no better (docs/scale-out.md). Text is detokenized here, with
+the tokenizer the replica loaded itself: only ids, text and stats cross the wire.
 
 Plain class: `ray_cluster` wraps it with `ray.remote(...)` and the resources it declares, so
 that importing this module needs no Ray.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +124,11 @@ class ReplicaActor:
             return Pulled(items, None, failure)
         self._sent_stats = stats
         return Pulled(items, stats, failure)
+
+    async def feed(self, wait_s: float) -> AsyncIterator[Pulled]:
+        """`pull` after `pull`, as one streaming generator: no task round trip per batch."""
+        while True:
+            yield await self.pull(wait_s)
 
     async def close(self) -> None:
         for task in list(self._tasks.values()):

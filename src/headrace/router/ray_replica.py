@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from typing import Any
@@ -30,6 +31,9 @@ from headrace.router.wire import time_left
 log = logging.getLogger("headrace.router")
 
 PULL_WAIT_S = 0.5  # as an idle local core's stats interval
+# "feed": one streaming generator of batches per replica instead of a task per batch (measured
+# no better: docs/scale-out.md)
+TRANSPORT_ENV = "HEADRACE_RAY_TRANSPORT"
 
 _Item = GenerationChunk | Refusal
 
@@ -135,18 +139,25 @@ class RayEngine:
     # -- receiving --------------------------------------------------------------------------
 
     async def _pull_loop(self) -> None:
+        try:
+            async for pulled in self._pulls():
+                self._take(pulled)
+                if pulled.failure is not None:
+                    self._die(pulled.failure)
+                    return
+            self._die("its feed ended")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # RayActorError, ActorDiedError, a node gone, ...
+            self._die(f"{type(e).__name__}: {_first_line(e)}")
+
+    async def _pulls(self) -> AsyncIterator[Pulled]:
+        if os.environ.get(TRANSPORT_ENV) == "feed":  # the A/B of bench/ray_overhead.py
+            async for ref in self._actor.feed.options(num_returns="streaming").remote(PULL_WAIT_S):
+                yield await ref
+            return
         while True:
-            try:
-                pulled: Pulled = await self._actor.pull.remote(PULL_WAIT_S)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # RayActorError, ActorDiedError, a node gone, ...
-                self._die(f"{type(e).__name__}: {_first_line(e)}")
-                return
-            self._take(pulled)
-            if pulled.failure is not None:
-                self._die(pulled.failure)
-                return
+            yield await self._actor.pull.remote(PULL_WAIT_S)
 
     def _take(self, pulled: Pulled) -> None:
         if pulled.stats is not None:
