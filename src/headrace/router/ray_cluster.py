@@ -49,8 +49,9 @@ async def connect(address: str) -> None:
 
 def init_kwargs(address: str) -> dict[str, Any]:
     """`ray.init` arguments. A cluster on this machine's loopback (and `local`) keeps every
-    address on 127.0.0.1, so Ray advertises no outside interface."""
-    kwargs: dict[str, Any] = {"address": address, "log_to_driver": True}
+    address on 127.0.0.1, so Ray advertises no outside interface. A Ray Client (`ray://`)
+    runs no node here: its server on the cluster has the driver."""
+    kwargs: dict[str, Any] = {"address": address}
     if address == "local":  # small objects only (token ids, text, stats)
         kwargs.update(include_dashboard=False, object_store_memory=256 << 20)
     if address == "local" or _is_loopback(address):
@@ -59,7 +60,9 @@ def init_kwargs(address: str) -> dict[str, Any]:
 
 
 def _is_loopback(address: str) -> bool:
-    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    if address.startswith("ray://"):
+        return False
+    host = address.rsplit(":", 1)[0].strip("[]")
     if host in ("", "auto"):
         return False
     try:

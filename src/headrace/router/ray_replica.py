@@ -107,7 +107,7 @@ class RayEngine:
         finished = False
         try:
             ref = self._actor.submit.remote(request_id, list(ids), params, opts)
-            self._on_failure(ref.future(), request_id)
+            self._on_failure(ref.future())
             while not finished:
                 item = await queue.get()
                 if isinstance(item, Refusal):
@@ -177,20 +177,17 @@ class RayEngine:
         for request_id, queue in list(self._streams.items()):
             queue.put_nowait(_error(request_id, reason))
 
-    def _on_failure(self, future: Future[None], request_id: str) -> None:
-        """A submit that fails (its actor gone mid-call) ends its stream, not only the loop."""
+    def _on_failure(self, future: Future[None]) -> None:
+        """A submit fails when its actor is gone: the replica is down from that moment (maybe
+        before its pull loop hears), so that the router retries the request elsewhere."""
         loop = asyncio.get_running_loop()
 
         def done(f: Future[None]) -> None:
-            if not f.cancelled() and f.exception() is not None:
-                loop.call_soon_threadsafe(self._fail_one, request_id, str(f.exception()))
+            e = None if f.cancelled() else f.exception()
+            if e is not None:
+                loop.call_soon_threadsafe(self._die, f"{type(e).__name__}: {_first_line(e)}")
 
         future.add_done_callback(done)
-
-    def _fail_one(self, request_id: str, reason: str) -> None:
-        queue = self._streams.get(request_id)
-        if queue is not None:
-            queue.put_nowait(_error(request_id, f"Ray replica failed: {_first_line(reason)}"))
 
     def _fire(self, ref: Any) -> None:
         """A call whose answer no one waits for; its failure is the pull loop's to notice."""
