@@ -158,6 +158,10 @@ class RouterConfig:
     replica_read_timeout_s: float = _f(
         30.0, "a --replica-url stream silent this long (keep-alives every 2 s) fails, seconds"
     )
+    ray_address: str | None = _f(
+        None, "replicas as actors on a Ray cluster: auto | ray://HOST:PORT | HOST:PORT | local "
+        "(a private single-node Ray); needs headrace[ray] (docs/scale-out.md)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.replicas < 0 or self.long_replicas < 0:
