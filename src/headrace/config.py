@@ -152,6 +152,12 @@ class RouterConfig:
     replica_read_timeout_s: float = _f(
         30.0, "a --replica-url stream silent this long (keep-alives every 2 s) fails, seconds"
     )
+    max_resumes: int = _f(
+        2, "times a stream whose replica died is continued on another replica (0: it fails)"
+    )
+    resume_wait_s: float = _f(
+        30.0, "how long a stream to resume waits for a replica in rotation, seconds"
+    )
 
     def __post_init__(self) -> None:
         if self.replicas < 0 or self.long_replicas < 0:
@@ -170,6 +176,8 @@ class RouterConfig:
             raise ValueError("replica_stall_timeout_s must be positive")
         if not self.replica_read_timeout_s > 0:
             raise ValueError("replica_read_timeout_s must be positive")
+        if self.max_resumes < 0 or not self.resume_wait_s >= 0:
+            raise ValueError("max_resumes and resume_wait_s must not be negative")
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,16 @@
 A request goes to the replica its policy picks among those in rotation — of the long-prompt
 pool when its prompt is longer than the threshold (the other pool when its own has none
 left). If that replica fails before the request streamed anything (its process died, its
-server went away), the request is sent to another replica, each at most once; after its first
-chunk a failure reaches the caller as an error chunk. A replica that fails leaves the rotation
-at once; the supervisor brings it back.
+server went away), the request is sent to another replica, each at most once. If it fails
+after, the stream is resumed on another replica from the prompt plus the tokens already sent
+(`resume.py`, at most `max_resumes` times, waiting up to `resume_wait_s` for a replica in
+rotation): the caller sees a pause, not an error. A replica that fails leaves the rotation at
+once; the supervisor brings it back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -26,17 +29,19 @@ from headrace.router.load import sum_stats
 from headrace.router.policies import make_policy
 from headrace.router.prefix_index import prefix_hashes
 from headrace.router.replica import Replica
+from headrace.router.resume import ResumableStream
 from headrace.router.supervisor import Supervisor
 
 log = logging.getLogger("headrace.router")
 
 _MIN_TIMEOUT_S = 0.001
+_RESUME_POLL_S = 0.05
 
 
 @dataclass
 class _Attempt:
-    streamed: bool = False  # a chunk reached the caller: no retry from here on
-    failure: GenerationChunk | None = None  # the replica failed before that: retry
+    streamed: bool = False  # a chunk reached the caller: resume, not retry, from here on
+    failure: GenerationChunk | None = None  # the replica failed: retry or resume elsewhere
 
 
 class NoReplicaError(RuntimeError):
@@ -57,6 +62,7 @@ class Router:
         )
         self.supervisor = Supervisor(self.replicas, self.config)
         self.retries = 0  # requests sent again after their replica failed
+        self.resumes = 0  # streams continued elsewhere after their replica failed mid-way
         self._placed: dict[str, Replica] = {}  # request id -> the replica it is on now
         self._closed = False
 
@@ -104,24 +110,62 @@ class Router:
         t0 = time.monotonic()
         tried: set[int] = set()
         failure: GenerationChunk | None = None
+        stream = ResumableStream(ids, params, self.config.max_resumes, self.tokenizer)
         while True:
-            replica = self._choose(len(ids), tried, hashes)
+            replica = await self._next_replica(len(ids), tried, hashes, stream.resumes > 0)
             if replica is None:
                 if failure is not None:
-                    yield failure
+                    yield stream.deliver(failure)
                     return
                 raise NoReplicaError(f"no replica of model {self.name!r} is in rotation")
             tried.add(id(replica))
             attempt = _Attempt()
-            chunks = self._attempt(replica, attempt, request_id, ids, params, _less(opts, t0))
+            prompt_ids, attempt_params = stream.request()
+            chunks = self._attempt(
+                replica, attempt, request_id, prompt_ids, attempt_params, _less(opts, t0)
+            )
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
-                    yield chunk
+                    yield stream.deliver(chunk)
+                    if stream.stopped:
+                        return  # a stop string across a resume's seam: closing aborts it
             if attempt.failure is None:
                 return
             failure = attempt.failure
-            self.retries += 1
-            log.warning("retrying %s elsewhere: replica %s failed", request_id, replica.name)
+            if attempt.streamed or stream.resumes:
+                if not self._resume(request_id, replica, stream, failure):
+                    yield stream.deliver(failure)
+                    return
+                tried = set()  # out of rotation: back in it after a restart, it may serve
+            else:
+                self.retries += 1
+                log.warning("retrying %s elsewhere: replica %s failed", request_id, replica.name)
+
+    def _resume(
+        self, request_id: str, replica: Replica, stream: ResumableStream, failure: GenerationChunk
+    ) -> bool:
+        why_not = stream.why_not_resumable()
+        if why_not is not None:
+            log.warning("not resuming %s after %s failed: %s", request_id, replica.name, why_not)
+            return False
+        stream.resume()
+        self.resumes += 1
+        log.warning(
+            "resuming %s elsewhere after %d tokens: replica %s failed (%s)",
+            request_id, len(stream.sent_ids), replica.name, failure.error,
+        )  # fmt: skip
+        return True
+
+    async def _next_replica(
+        self, prompt_tokens: int, tried: set[int], hashes: list[bytes], resuming: bool
+    ) -> Replica | None:
+        """The replica for the next attempt; a stream to resume waits for one a while."""
+        replica = self._choose(prompt_tokens, tried, hashes)
+        deadline = time.monotonic() + self.config.resume_wait_s
+        while replica is None and resuming and not self._closed and time.monotonic() < deadline:
+            await asyncio.sleep(_RESUME_POLL_S)
+            replica = self._choose(prompt_tokens, tried, hashes)
+        return replica
 
     async def _attempt(
         self,
@@ -132,8 +176,8 @@ class Router:
         params: SamplingParams,
         options: GenerateOptions,
     ) -> AsyncGenerator[GenerationChunk, None]:
-        """The request on one replica; a failure before its first chunk ends the attempt
-        quietly with `attempt.failure` set, so that the caller tries another replica."""
+        """The request on one replica; a failure of the replica ends the attempt quietly with
+        `attempt.failure` set, so that the caller tries another replica (or resumes there)."""
         chunks = replica.engine.generate(request_id, ids, params, options)
         replica.dispatched(request_id, len(ids) + params.max_tokens)
         self._placed[request_id] = replica
@@ -146,14 +190,14 @@ class Router:
                     replica.first_output(request_id)
                     attempt.streamed = True
                 elif chunk.finish_reason is FinishReason.ERROR and not replica.engine.is_healthy:
-                    # Out of rotation now, not at the supervisor's next look.
+                    # Out of rotation now, not at the supervisor's next look; resume elsewhere.
                     replica.mark_down(chunk.error or "it failed mid-stream")
+                    attempt.failure = chunk
+                    return
                 yield chunk
         except ValueError:
             raise  # refused before it started: it can never fit
         except Exception as e:
-            if attempt.streamed:
-                raise
             replica.mark_down(f"{type(e).__name__}: {e}")
             attempt.failure = _error_chunk(request_id, f"replica {replica.name} failed: {e}")
         finally:
@@ -214,6 +258,7 @@ class Router:
         return {
             "policy": self.policy.name,
             "retries": self.retries,
+            "resumes": self.resumes,
             "replicas": [r.describe() for r in self.replicas],
         }
 
