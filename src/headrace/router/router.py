@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headrace.config import RouterConfig
 from headrace.engine.client import GenerateOptions, GenerationChunk
@@ -31,6 +31,9 @@ from headrace.router.prefix_index import prefix_hashes
 from headrace.router.replica import Replica
 from headrace.router.resume import ResumableStream
 from headrace.router.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from headrace.router.autoscale_loop import AutoscaleLoop
 
 log = logging.getLogger("headrace.router")
 
@@ -63,12 +66,26 @@ class Router:
         self.supervisor = Supervisor(self.replicas, self.config)
         self.retries = 0  # requests sent again after their replica failed
         self.resumes = 0  # streams continued elsewhere after their replica failed mid-way
+        self.tokens_delivered = 0  # output tokens sent to callers: the autoscaler's demand
+        self.autoscaler: AutoscaleLoop | None = None
         self._placed: dict[str, Replica] = {}  # request id -> the replica it is on now
         self._closed = False
 
     def start(self) -> None:
-        """Start watching the replicas (needs a running event loop)."""
+        """Start watching (and autoscaling) the replicas (needs a running event loop)."""
         self.supervisor.start()
+        if self.autoscaler is not None:
+            self.autoscaler.start()
+
+    def add_replica(self, replica: Replica) -> None:
+        """A replica joins at run time (the autoscaler's)."""
+        self.replicas.append(replica)
+        self.supervisor.replicas.append(replica)
+
+    def remove_replica(self, replica: Replica) -> None:
+        """A drained replica leaves for good; its caller closes its engine."""
+        self.replicas.remove(replica)
+        self.supervisor.replicas.remove(replica)
 
     # -- EngineClient -----------------------------------------------------------------------
 
@@ -126,6 +143,7 @@ class Router:
             )
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
+                    self.tokens_delivered += len(chunk.token_ids)
                     yield stream.deliver(chunk)
                     if stream.stopped:
                         return  # a stop string across a resume's seam: closing aborts it
@@ -215,6 +233,8 @@ class Router:
         if self._closed:
             return
         self._closed = True
+        if self.autoscaler is not None:
+            await self.autoscaler.close()
         await self.supervisor.close()
         for replica in self.replicas:
             try:
@@ -259,6 +279,7 @@ class Router:
             "policy": self.policy.name,
             "retries": self.retries,
             "resumes": self.resumes,
+            **({"autoscaler": self.autoscaler.describe()} if self.autoscaler else {}),
             "replicas": [r.describe() for r in self.replicas],
         }
 
