@@ -87,7 +87,10 @@ class AutoscaleLoop:
         serving = [r for r in self.router.replicas if r.serving]
         waiting = any(r.load.reported.num_waiting > 0 for r in serving)
         queued, self._was_waiting = waiting and self._was_waiting, waiting
-        return Sample(rate, len(serving), queued)
+        backlog = sum(
+            work for r in serving for _, _, work in r.load.reported.waiting_by_priority or ()
+        )
+        return Sample(rate, len(serving), queued, float(backlog))
 
     async def _add(self, n: int) -> None:
         """Start `n` replicas at once; any failure backs the next try off (once per round)."""

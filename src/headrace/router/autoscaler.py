@@ -2,8 +2,11 @@
 
 Pure logic with an injected clock; `autoscale_loop.py` feeds it and carries out its answer.
 
-- **Demand** is output tokens/s, a sample every `interval_s` from the router's counter of
-  tokens it delivered. A forecaster (`forecast.HoltWinters`) takes each sample.
+- **Demand** is output tokens/s arriving: every `interval_s`, the tokens the router delivered
+  (its counter) plus the growth of the waiting requests' backlog, so that demand beyond
+  capacity is seen, not capped at it. A forecaster (`forecast.HoltWinters`) takes each sample.
+  The forecast peak is never taken below the last sample (smoothing must not delay the
+  answer to a burst), and a backlog adds what drains it within the horizon.
 - **Target** = ceil(forecast peak ÷ tokens/s per replica × (1 + headroom)), within MIN..MAX,
   the peak taken over the next `start time + horizon`: a replica asked for now serves only
   after its start time, so scale-up starts that much ahead of the demand.
@@ -12,7 +15,8 @@ Pure logic with an injected clock; `autoscale_loop.py` feeds it and carries out 
   (the replicas were at capacity). Until it is known, the count moves only when requests queue.
 - **Queueing** for a whole sample raises the target to at least one more replica than serve
   now: a floor under the forecast for a wrong capacity figure or a surprise.
-- **Scale-down** only once the target stayed below the current count for `cooldown_s`.
+- **Scale-down** to the highest target of the last `cooldown_s`: a replica goes only once
+  the forecast stayed low for a whole cool-down (not at a momentary low).
 - **Start time** is measured on each start (a moving average); a failed start backs the next
   scale-up off (doubling, up to `MAX_BACKOFF_S`) instead of retrying in a loop.
 """
@@ -20,6 +24,7 @@ Pure logic with an injected clock; `autoscale_loop.py` feeds it and carries out 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,6 +42,7 @@ class Sample:
     tokens_per_s: float  # output tokens delivered
     serving: int  # replicas in rotation
     queued: bool  # requests waited through the whole interval
+    backlog_tokens: float = 0.0  # work of the waiting requests (tokens to compute and generate)
 
 
 class Autoscaler:
@@ -58,13 +64,19 @@ class Autoscaler:
         self.start_time_s = config.autoscale_start_s
         self.failures = 0  # starts failed in a row
         self._retry_at = -math.inf  # no scale-up before this (after a failed start)
-        self._low_since: float | None = None  # the target has been below the count since
+        self._recent: deque[tuple[float, int]] = deque()  # (time, target) over the cool-down
+        self._since: float | None = None  # the first decision
         self._queued = False
+        self._backlog = 0.0
+        self._latest = 0.0  # the last sample's demand: a floor under the (smoothed) forecast
 
     # -- inputs ------------------------------------------------------------------------------
 
     def observe(self, sample: Sample) -> None:
-        self.forecaster.update(sample.tokens_per_s)
+        growth = (sample.backlog_tokens - self._backlog) / self.config.autoscale_interval_s
+        self._latest = max(sample.tokens_per_s + growth, 0.0)
+        self.forecaster.update(self._latest)
+        self._backlog = sample.backlog_tokens
         self._queued = sample.queued
         if self._learn and sample.queued and sample.serving > 0:
             per_replica = sample.tokens_per_s / sample.serving
@@ -92,7 +104,9 @@ class Autoscaler:
         tps = self.replica_tokens_per_s
         need = current
         if peak is not None and tps:
-            need = math.ceil(peak / tps * (1 + self.config.autoscale_headroom) - 1e-9)
+            peak = max(peak, self._latest)
+            drain = self._backlog / max(self.config.autoscale_horizon_s, 1.0)
+            need = math.ceil((peak + drain) / tps * (1 + self.config.autoscale_headroom) - 1e-9)
         if self._queued:
             need = max(need, current + 1)
         return need
@@ -103,14 +117,17 @@ class Autoscaler:
         want = min(max(self.needed(current), self.min_replicas), self.max_replicas)
         if want > current and now < self._retry_at:
             want = current  # a start failed a moment ago: wait out its backoff
+        window = self.config.autoscale_cooldown_s
+        if self._since is None:
+            self._since = now
+        self._recent.append((now, want))
+        while self._recent[0][0] < now - window:
+            self._recent.popleft()
         if want >= current:
-            self._low_since = None
             return want
-        if self._low_since is None:
-            self._low_since = now
-        if now - self._low_since < self.config.autoscale_cooldown_s:
-            return current
-        return want
+        if now - self._since < window:
+            return current  # not a whole cool-down of history yet
+        return min(current, max(t for _, t in self._recent))
 
     def describe(self) -> dict[str, object]:
         """For /v1/stats."""

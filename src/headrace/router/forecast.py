@@ -9,18 +9,22 @@ wants fixed constants and a constant-time update, which is a few lines; the cons
 are the textbook middle ground (Hyndman & Athanasopoulos, *Forecasting: Principles and
 Practice*, ch. 8) and can be given per use.
 
-Samples are rates (tokens/s) at a fixed spacing `step_s`; `season_len` samples make a day.
-Before a day is seen the seasonal terms are 0 and the model is Holt's linear trend; at the end
-of the first day each slot's seasonal term starts as that day's deviation from its mean.
+Samples are rates (tokens/s) at a fixed spacing `step_s`. The daily profile has `slots` slots
+(hourly by default, interpolated between their centres): coarse, so that one day's noise and
+bursts do not come back as phantom peaks the next day. Before a day is seen the profile is 0
+and the model is Holt's linear trend; at the end of the first day each slot starts as the
+median of that day's samples in it, less their mean.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 DAY_S = 86_400.0
+SLOTS = 24  # of the seasonal profile: hourly, interpolated between
 
 
 @dataclass(frozen=True)
@@ -38,16 +42,20 @@ class Smoothing:
 
 
 class HoltWinters:
-    def __init__(self, step_s: float, season_s: float = DAY_S, smoothing: Smoothing | None = None):
-        if step_s <= 0:
-            raise ValueError("step_s must be positive")
+    def __init__(
+        self, step_s: float, season_s: float = DAY_S, smoothing: Smoothing | None = None,
+        slots: int = SLOTS,
+    ) -> None:  # fmt: skip
+        if step_s <= 0 or season_s < 2 * step_s:
+            raise ValueError("step_s must be positive and a season at least two steps")
         self.step_s = step_s
-        self.season_len = max(2, round(season_s / step_s))
+        self.season_s = season_s
+        self.slots = max(2, min(slots, round(season_s / step_s)))
         self.s = smoothing or Smoothing()
         self.level: float | None = None
         self.trend = 0.0
-        self.season: list[float] | None = None  # None until a full season is seen
-        self._first: list[float] = []  # the first season's samples
+        self.season: list[float] | None = None  # per slot; None until a full season is seen
+        self._first: list[list[float]] = [[] for _ in range(self.slots)]  # the first season
         self.n = 0  # samples seen
 
     @property
@@ -56,24 +64,23 @@ class HoltWinters:
 
     def update(self, value: float) -> None:
         """One more sample (the rate over the last `step_s`)."""
-        s, slot = self.s, self.n % self.season_len
+        s, pos = self.s, self._position(self.n)
         if self.level is None:
             self.level = value
         else:
-            seasonal = self.season[slot] if self.season is not None else 0.0
+            seasonal = self._seasonal_at(pos)
             damped = self.level + s.phi * self.trend
             level = s.alpha * (value - seasonal) + (1 - s.alpha) * damped
             self.trend = s.beta * (level - self.level) + (1 - s.beta) * s.phi * self.trend
             self.level = level
-            if self.season is not None:
-                self.season[slot] = s.gamma * (value - level) + (1 - s.gamma) * seasonal
+            if self.season is not None:  # each slot moves by about gamma per season
+                slot, rate = int(pos), s.gamma * self.step_s * self.slots / self.season_s
+                self.season[slot] += min(rate, 1.0) * (value - level - self.season[slot])
         self.n += 1
         if self.season is None:
-            self._first.append(value)
-            if len(self._first) == self.season_len:
-                mean = sum(self._first) / len(self._first)
-                self.season = [x - mean for x in self._first]
-                self._first = []
+            self._first[int(pos)].append(value)
+            if self.n * self.step_s >= self.season_s:
+                self._start_season()
 
     def forecast(self, steps: int) -> list[float]:
         """The rates of the next `steps` samples (never negative); [] before any sample."""
@@ -82,7 +89,7 @@ class HoltWinters:
         out, damp = [], 0.0
         for h in range(1, steps + 1):
             damp += self.s.phi**h
-            seasonal = self.season[(self.n + h - 1) % self.season_len] if self.season else 0.0
+            seasonal = self._seasonal_at(self._position(self.n + h - 1))
             out.append(max(self.level + damp * self.trend + seasonal, 0.0))
         return out
 
@@ -91,13 +98,35 @@ class HoltWinters:
         values = self.forecast(max(1, math.ceil(horizon_s / self.step_s)))
         return max(values) if values else None
 
+    def _start_season(self) -> None:
+        """Each slot starts as the first season's median there (a burst does not make a
+        habit) less the mean of those medians."""
+        medians = [statistics.median(xs) if xs else 0.0 for xs in self._first]
+        mean = sum(medians) / len(medians)
+        self.season = [m - mean for m in medians]
+        self._first = []
+
+    def _position(self, n: int) -> float:
+        """Where sample `n` falls in the season, in slots (0 <= pos < slots)."""
+        return (n * self.step_s % self.season_s) / self.season_s * self.slots
+
+    def _seasonal_at(self, pos: float) -> float:
+        """The profile between slot centres, linearly (0 before a season is seen)."""
+        if self.season is None:
+            return 0.0
+        x = pos - 0.5
+        i = math.floor(x)
+        frac = x - i
+        a, b = self.season[i % self.slots], self.season[(i + 1) % self.slots]
+        return a + (b - a) * frac
+
 
 def replay(
     rates: Sequence[float], step_s: float, season_s: float = DAY_S,
-    smoothing: Smoothing | None = None,
+    smoothing: Smoothing | None = None, slots: int = SLOTS,
 ) -> HoltWinters:  # fmt: skip
     """A forecaster fed a recorded series of rates."""
-    model = HoltWinters(step_s, season_s, smoothing)
+    model = HoltWinters(step_s, season_s, smoothing, slots)
     for rate in rates:
         model.update(rate)
     return model
