@@ -174,3 +174,23 @@ def test_a_stream_waits_for_its_only_replica_to_come_back() -> None:
 
     chunks = asyncio.run(collect())
     assert tokens_of(chunks) == tokens_of(reference) and router.resumes == 1
+
+
+def test_an_abort_while_the_stream_waits_for_a_replica_ends_it() -> None:
+    engine = ModelEngine(die_after=2)
+    router = Router("m", [Replica("m/0", engine)], RouterConfig(resume_wait_s=5.0))
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+
+    async def collect() -> list[GenerationChunk]:
+        chunks = []
+        async for chunk in router.generate("r", PROMPT, params):
+            chunks.append(chunk)
+            if len(chunks) == 2:  # the replica dies next: abort while the stream waits
+                asyncio.get_running_loop().call_later(
+                    0.2, lambda: asyncio.ensure_future(router.abort("r"))
+                )
+        return chunks
+
+    t0 = asyncio.run(asyncio.wait_for(collect(), 3))
+    assert t0[-1].finish_reason is FinishReason.ABORT and len(tokens_of(t0)) == 2
+    assert router.resumes == 1 and not router._between

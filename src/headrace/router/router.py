@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -25,6 +24,7 @@ from headrace.config import RouterConfig
 from headrace.engine.client import GenerateOptions, GenerationChunk
 from headrace.engine.outputs import StepStats
 from headrace.request import FinishReason, SamplingParams
+from headrace.router.deadlines import time_left_since
 from headrace.router.load import sum_stats
 from headrace.router.policies import make_policy
 from headrace.router.prefix_index import prefix_hashes
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("headrace.router")
 
-_MIN_TIMEOUT_S = 0.001
 _RESUME_POLL_S = 0.05
 
 
@@ -69,6 +68,7 @@ class Router:
         self.tokens_delivered = 0  # output tokens sent to callers: the autoscaler's demand
         self.autoscaler: AutoscaleLoop | None = None
         self._placed: dict[str, Replica] = {}  # request id -> the replica it is on now
+        self._between: dict[str, bool] = {}  # resumed streams between replicas -> aborted
         self._closed = False
 
     def start(self) -> None:
@@ -124,12 +124,32 @@ class Router:
         salt = opts.tenant if opts.cache_salt is None else opts.cache_salt  # as the engine's
         affinity = self.policy.uses_prefixes and len(self.replicas) > 1
         hashes = prefix_hashes(ids, salt) if affinity else []
+        stream = ResumableStream(ids, params, self.config.max_resumes, self.tokenizer)
+        attempts = self._attempts(request_id, ids, stream, opts, hashes)
+        try:
+            async with contextlib.aclosing(attempts):  # a caller who leaves aborts it at once
+                async for chunk in attempts:
+                    yield chunk
+        finally:
+            self._between.pop(request_id, None)
+
+    async def _attempts(
+        self,
+        request_id: str,
+        ids: list[int],
+        stream: ResumableStream,
+        opts: GenerateOptions,
+        hashes: list[bytes],
+    ) -> AsyncGenerator[GenerationChunk, None]:
+        """The request's attempts, one replica after another, as one stream."""
         t0 = time.monotonic()
         tried: set[int] = set()
         failure: GenerationChunk | None = None
-        stream = ResumableStream(ids, params, self.config.max_resumes, self.tokenizer)
         while True:
-            replica = await self._next_replica(len(ids), tried, hashes, stream.resumes > 0)
+            replica = await self._next_replica(request_id, len(ids), tried, hashes)
+            if self._between.pop(request_id, False):  # aborted while it waited
+                yield stream.deliver(_end_chunk(request_id, FinishReason.ABORT))
+                return
             if replica is None:
                 if failure is not None:
                     yield stream.deliver(failure)
@@ -139,7 +159,7 @@ class Router:
             attempt = _Attempt()
             prompt_ids, attempt_params = stream.request()
             chunks = self._attempt(
-                replica, attempt, request_id, prompt_ids, attempt_params, _less(opts, t0)
+                replica, attempt, request_id, prompt_ids, attempt_params, time_left_since(opts, t0)
             )
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
@@ -154,6 +174,7 @@ class Router:
                 if not self._resume(request_id, replica, stream, failure):
                     yield stream.deliver(failure)
                     return
+                self._between[request_id] = False
                 tried = set()  # out of rotation: back in it after a restart, it may serve
             else:
                 self.retries += 1
@@ -175,12 +196,18 @@ class Router:
         return True
 
     async def _next_replica(
-        self, prompt_tokens: int, tried: set[int], hashes: list[bytes], resuming: bool
+        self, request_id: str, prompt_tokens: int, tried: set[int], hashes: list[bytes]
     ) -> Replica | None:
-        """The replica for the next attempt; a stream to resume waits for one a while."""
+        """The replica for the next attempt; a stream to resume waits for one a while (until
+        it is aborted)."""
         replica = self._choose(prompt_tokens, tried, hashes)
         deadline = time.monotonic() + self.config.resume_wait_s
-        while replica is None and resuming and not self._closed and time.monotonic() < deadline:
+
+        def waits() -> bool:
+            resuming = self._between.get(request_id) is False  # False: not aborted
+            return resuming and not self._closed and time.monotonic() < deadline
+
+        while replica is None and waits():
             await asyncio.sleep(_RESUME_POLL_S)
             replica = self._choose(prompt_tokens, tried, hashes)
         return replica
@@ -225,6 +252,8 @@ class Router:
                 del self._placed[request_id]
 
     async def abort(self, request_id: str) -> None:
+        if request_id in self._between:
+            self._between[request_id] = True
         replica = self._placed.get(request_id)
         if replica is not None:
             await replica.engine.abort(request_id)
@@ -284,25 +313,12 @@ class Router:
         }
 
 
-def _less(opts: GenerateOptions, t0: float) -> GenerateOptions:
-    """The options of a retry: its deadlines still count from the first arrival. With an
-    `arrival_time` they do already (and a remote replica's wire sends the time left)."""
-    spent = time.monotonic() - t0
-    if opts.arrival_time is not None or spent <= 0:
-        return opts
-    if opts.timeout_s is None and opts.queue_timeout_s is None:
-        return opts
-
-    def left(limit: float | None) -> float | None:
-        return None if limit is None else max(limit - spent, _MIN_TIMEOUT_S)
-
-    return dataclasses.replace(
-        opts, timeout_s=left(opts.timeout_s), queue_timeout_s=left(opts.queue_timeout_s)
-    )
-
-
 def _error_chunk(request_id: str, message: str) -> GenerationChunk:
     return GenerationChunk(request_id, "", [], FinishReason.ERROR, error=message)
+
+
+def _end_chunk(request_id: str, reason: FinishReason) -> GenerationChunk:
+    return GenerationChunk(request_id, "", [], reason)
 
 
 async def _close(chunks: AsyncIterator[GenerationChunk]) -> None:
