@@ -140,7 +140,7 @@ def main() -> None:
     report["greedy_argmax"] = {f"rows{r}": argmax_case(r, args.repeats) for r in (1, 8, 32)}
     report["grammar_mask"] = {f"rows{r}": token_mask_case(r, args.repeats) for r in (1, 16, 32)}
     report["fused_elementwise"] = fused_cases(args.repeats)
-    report["greedy_head"] = head_cases([1, 2, 4, 6, 8, 16], max(5, args.repeats // 3))
+    report["greedy_head"] = head_cases([1, 2, 4, 8, 16, 32, 64, 128], max(5, args.repeats // 3))
     print(json.dumps(report, indent=1))
 
 

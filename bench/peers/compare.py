@@ -226,6 +226,21 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def tokens_per_word(workload: Workload, hf_dir: Path, n: int = 200) -> float | None:
+    """Gemma 3 tokens per word of the headrace client's prompts (every server here tokenizes
+    with the same vocabulary), so that its tokens/s read in words too; None without the
+    tokenizer file."""
+    path = hf_dir / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    prompts = [workload.request(i).prompt for i in range(n)]
+    tokens = sum(len(tok.encode(p, add_special_tokens=False).ids) for p in prompts)
+    return round(tokens / sum(len(p.split()) for p in prompts), 3)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--servers", default="headrace,vllm,llamacpp")
@@ -256,6 +271,7 @@ def main() -> int:
     servers = {name: run_peer(name, workload, args) for name in args.servers.split(",")}
     result = {
         "workload": workload.describe(),
+        "prompt_tokens_per_word": tokens_per_word(workload, Path(args.hf_dir)),
         "levels": args.levels,
         "servers": servers,
         "headrace_over_best_peer": ratios(servers, args.levels),

@@ -90,6 +90,9 @@ class ServerConfig:
     max_connections: int = _f(1000, "most open client connections; more get 503 with Retry-After")
     http_parser: str = _f("httptools", "httptools (C) | h11 (pure Python): parses requests")
     log_level: str = _f("info", "debug | info | warning | error")
+    otlp_traces_endpoint: str | None = _f(
+        None, "OTLP/HTTP collector for request traces, e.g. http://127.0.0.1:4318/v1/traces"
+    )
 
     def __post_init__(self) -> None:
         if min(self.max_body_bytes, self.max_header_bytes, self.max_connections) < 1:
@@ -98,6 +101,9 @@ class ServerConfig:
             raise ValueError("header_timeout_s and body_timeout_s must be positive")
         if self.http_parser not in ("httptools", "h11"):
             raise ValueError(f"unknown http_parser {self.http_parser!r}: httptools or h11")
+        endpoint = self.otlp_traces_endpoint
+        if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"otlp_traces_endpoint must be an http(s) URL, got {endpoint!r}")
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,10 @@ class RouterConfig:
     resume_wait_s: float = _f(
         30.0, "how long a stream to resume waits for a replica in rotation, seconds"
     )
+    ray_address: str | None = _f(
+        None, "replicas as actors on a Ray cluster: auto | ray://HOST:PORT | HOST:PORT | local "
+        "(a private single-node Ray); needs headrace[ray] (docs/scale-out.md)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.replicas < 0 or self.long_replicas < 0:

@@ -1,5 +1,5 @@
-"""The kernels' portable C paths (what a CPU without AVX-512, or without AVX-512 BF16, runs),
-built here with an older -march and checked against torch like the native build."""
+"""The kernels' portable C paths (what a CPU without AVX-512, without AVX-512 BF16, or without
+AMX runs), built here with an older -march and checked against torch like the native build."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import torch
 from headrace.kernels import argmax, build, fused, int8_head, paged_decode
 from kernels import test_argmax, test_fused, test_int8_head, test_paged_decode
 
-MARCHES = ["x86-64-v3", "skylake-avx512"]  # AVX2 only; AVX-512 without BF16
+# AVX2 only; AVX-512 without BF16 or VNNI; AVX-512 BF16 and VNNI without AMX
+MARCHES = ["x86-64-v3", "skylake-avx512", "cooperlake"]
+NEEDS = {"x86-64-v3": {"avx2"}, "skylake-avx512": {"avx512bw"}, "cooperlake": {"avx512_bf16"}}
 
 
 @pytest.fixture(params=MARCHES)
@@ -23,6 +25,9 @@ def portable(
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler")
+    missing = NEEDS[request.param] - set(build._cpu_flags().split())
+    if missing:
+        pytest.skip(f"this CPU cannot run a {request.param} build (no {', '.join(missing)})")
     monkeypatch.setenv("HEADRACE_CACHE", str(tmp_path))
     flags = [f"-march={request.param}" if f == "-march=native" else f for f in build.FLAGS]
     lib = build.load(compiler, [f for f in flags if not f.startswith("-mprefer")])
@@ -40,8 +45,9 @@ def test_paged_decode_portable(portable: str) -> None:
 def test_argmax_and_head_portable(portable: str) -> None:
     test_argmax.test_ties_infinities_and_nan(torch.bfloat16)
     test_argmax.test_random_rows(torch.float32, 1025)
-    for rows in (1, 3, 6):
-        test_int8_head.test_random_head_every_row_count(rows)
+    for rows in (1, 3, 6, 17):
+        for hidden in (96, 128):
+            test_int8_head.test_random_head_every_row_count(rows, hidden)
 
 
 def test_fused_portable(portable: str) -> None:

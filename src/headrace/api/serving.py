@@ -20,6 +20,7 @@ from fastapi import Request
 from headrace.api.arrival import arrival_time
 from headrace.api.errors import APIError, bad_request
 from headrace.api.logits_fields import processor_params
+from headrace.api.request_trace import traced
 from headrace.api.schemas import SamplingFields
 from headrace.api.sse import DONE, error_event, wait_for_disconnect
 from headrace.api.state import AppState
@@ -45,6 +46,7 @@ class Job:
     options: GenerateOptions
     admission: Admission
     timer: RequestTimer
+    traceparent: str | None = None  # the caller's trace context, for the request's span
 
 
 def new_request_id(prefix: str) -> str:
@@ -117,7 +119,9 @@ async def admit(
         cache_salt=tenant.cache_salt,
     )  # fmt: skip
     rid = new_request_id(id_prefix)
-    return Job(rid, model, engine, ids, params, options, admission, RequestTimer(start=arrival))
+    timer = RequestTimer(start=arrival)
+    traceparent = request.headers.get("traceparent")
+    return Job(rid, model, engine, ids, params, options, admission, timer, traceparent)
 
 
 def engine_failure(e: Exception, request_id: str) -> APIError:
@@ -159,6 +163,7 @@ class RequestRun:
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.finish_reason: FinishReason | None = None
+        self.replica: str | None = None
         self.closed = False
 
     def usage(self) -> dict[str, object]:
@@ -194,6 +199,7 @@ class RequestRun:
         self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
         self.completion_tokens = max(self.completion_tokens, chunk.completion_tokens)
         self.cached_tokens = chunk.cached_tokens or self.cached_tokens
+        self.replica = chunk.replica or self.replica
         self.finish_reason = chunk.finish_reason
         if chunk.finish_reason is FinishReason.ERROR:  # the engine (a replica) failed: upstream
             raise APIError(
@@ -235,7 +241,10 @@ class RequestRun:
         self.state.metrics.observe_request(
             job.model, job.admission.tenant.tier, job.timer, self.reason,
             prompt_tokens, self.completion_tokens, self.cached_tokens,
+            tenant=job.admission.tenant.name, weight=job.admission.tenant.weight,
         )  # fmt: skip
+        if self.state.metrics.tracer is not None:
+            self.state.metrics.tracer.record(traced(self, prompt_tokens))
 
 
 async def unless_disconnected(state: AppState, request: Request, work: Awaitable[T]) -> T:

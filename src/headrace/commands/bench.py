@@ -228,11 +228,14 @@ def write_outputs(doc: dict[str, Any], out_dir: str, plots: bool = True) -> list
         path = os.path.join(out_dir, "bench.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
+        from headrace.bench.html_report import write_html
+
         paths = [path]
         if plots:
             from headrace.bench.plots import write_plots
 
             paths += write_plots(doc, out_dir)
+        paths.append(write_html(doc, out_dir, [p for p in paths if p.endswith(".png")]))
     except OSError as exc:
         raise BenchError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
     print("wrote " + ", ".join(paths))

@@ -37,6 +37,7 @@ from headrace.config import (
 )
 from headrace.gateway.base import Gateway, OpenGateway
 from headrace.gateway.setup import build_gateway, connect_gateway
+from headrace.metrics.tracing import otlp_tracer
 from headrace.router.deploy import ModelSpec, parse_model_specs, start_deployment
 from headrace.router.metrics import RouterMetrics
 
@@ -132,6 +133,12 @@ def serve(
     state = app.state.headrace
     connect_gateway(state.gateway, lambda: state.engines, state.metrics)
     state.metrics.add_collector(RouterMetrics(lambda: state.engines))
+    if server_cfg.otlp_traces_endpoint is not None:
+        try:
+            state.metrics.tracer = otlp_tracer(server_cfg.otlp_traces_endpoint)
+        except ValueError as e:  # the SDK is not installed
+            log.error("%s", e)
+            return 2
     fit_fd_limit(server_cfg.max_connections)
     uv_config = uvicorn.Config(
         front_door(app), host=server_cfg.host, port=server_cfg.port, workers=1, lifespan="on",
@@ -140,7 +147,11 @@ def serve(
         **uvicorn_options(FrontDoorLimits.from_config(server_cfg), server_cfg.http_parser),
     )  # fmt: skip
     server = _Server(uv_config, app.state.headrace)
-    server.run()
+    try:
+        server.run()
+    finally:
+        if state.metrics.tracer is not None:
+            state.metrics.tracer.close()  # the spans still batched go out
     if "error" in outcome:
         log.error("model failed to load: %s", outcome["error"])
         return 1

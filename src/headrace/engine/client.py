@@ -33,6 +33,7 @@ class GenerationChunk:
     queue_time: float | None = None  # seconds from arrival to first scheduled step
     cached_tokens: int = 0  # prompt tokens found in the prefix cache (set once started)
     index: int = 0  # which of the request's `n` choices (set by the API, which fans out)
+    replica: str | None = None  # who serves it: set by a router on the first chunk (traces)
 
     @property
     def finished(self) -> bool:

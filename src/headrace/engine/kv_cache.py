@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 from headrace.models.args import ModelArgs
@@ -19,10 +21,13 @@ def blocks_for_budget(args: ModelArgs, block_size: int, dtype: torch.dtype, gib:
 
 
 class KVCache:
-    """The pools, allocated uninitialized (zeroing 1 GiB up front costs about a second).
+    """The pools. Masked-out slots of a gathered block must hold finite values, since attention
+    multiplies them by a zero weight (0 * NaN is NaN), so every block reads as zeros before a
+    step first writes it.
 
-    A block is zeroed the first time a step uses it: masked-out slots of a gathered block must
-    hold finite values, since attention multiplies them by a zero weight (0 * NaN is NaN).
+    On the CPU the pools come from calloc (numpy's zeros): the OS hands out zeroed pages as
+    they are first touched, so neither start-up nor the steps pay for zeroing. Elsewhere they
+    are allocated uninitialized and a block is zeroed the first time a step uses it.
     """
 
     def __init__(
@@ -38,13 +43,11 @@ class KVCache:
         self.block_size = block_size
         self.device = device
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [
-            (
-                torch.empty(shape, dtype=dtype, device=device),
-                torch.empty(shape, dtype=dtype, device=device),
-            )
+            (_pool(shape, dtype, device), _pool(shape, dtype, device))
             for _ in range(args.num_layers)
         ]
-        self._zeroed = bytearray(num_blocks)
+        on_cpu = device.type == "cpu"
+        self._zeroed = bytearray(b"\x01" * num_blocks if on_cpu else num_blocks)
         self.prepare([0])  # block 0 pads decode block tables
 
     def prepare(self, block_ids: Iterable[int]) -> None:
@@ -62,3 +65,10 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+def _pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if device.type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
+    nbytes = dtype.itemsize * math.prod(shape)
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)

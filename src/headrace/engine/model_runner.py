@@ -21,7 +21,6 @@ from headrace.engine.outputs import (
 from headrace.engine.sampler import Sampler
 from headrace.engine.step_inputs import build_step_inputs
 from headrace.engine.structured import GrammarMasks
-from headrace.kernels.int8_head import MAX_ROWS as INT8_HEAD_MAX_ROWS
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_head import supported as int8_head_supported
 from headrace.kernels.paged_decode import supported as paged_decode_supported
@@ -219,7 +218,7 @@ class ModelRunner:
     def _greedy_head_for(self, sampled: list[ScheduledRequest]) -> Int8GreedyHead | None:
         """The exact int8 greedy head, where it serves this step (see kernels/int8_head.py)."""
         head = self.greedy_head
-        if head is None or len(sampled) > INT8_HEAD_MAX_ROWS:
+        if head is None or len(sampled) > head.max_rows:
             return None
         if not all(_plain_greedy(r) for r in sampled):
             return None

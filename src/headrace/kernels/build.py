@@ -1,4 +1,5 @@
-"""Compile `cpu_kernels.c` with the machine's C compiler once, cache the library, load it.
+"""Compile `cpu_kernels.c` and `int8_head.c` with the machine's C compiler once, cache the
+library, load it.
 
 A plain C library through ctypes rather than a torch C++ extension: it builds in about 0.4 s
 (no torch headers), so the first start ever stays fast, and a later start loads it from the
@@ -26,7 +27,7 @@ import torch  # noqa: F401  (loaded first: the library then shares torch's OpenM
 from headrace.paths import cache_root
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCES = [Path(__file__).with_name(n) for n in ("cpu_kernels.c", "int8_head.c")]
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC"]
 I64, F32, PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -60,7 +61,7 @@ def load(compiler: str, flags: list[str]) -> ctypes.CDLL:
 
 
 def _built(compiler: str, flags: list[str] = FLAGS) -> Path:
-    source = SOURCE.read_bytes()
+    source = b"".join(p.read_bytes() for p in SOURCES)
     # -march=native: a cache shared by machines of other CPUs must not hand them this build
     ident = source + compiler.encode() + " ".join(flags).encode() + _cpu_flags().encode()
     key = hashlib.sha256(ident).hexdigest()[:16]
@@ -73,7 +74,7 @@ def _built(compiler: str, flags: list[str] = FLAGS) -> Path:
     os.close(fd)
     try:
         subprocess.run(
-            [compiler, *flags, "-o", tmp, str(SOURCE), "-lm"],
+            [compiler, *flags, "-o", tmp, *map(str, SOURCES), "-lm"],
             check=True,
             capture_output=True,
             timeout=120,
@@ -99,8 +100,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn = getattr(lib, name)
         fn.argtypes = [PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, I64, I64, I64, I64, I64, F32, PTR]
         fn.restype = ctypes.c_int
-    lib.head_argmax_q8.argtypes = [PTR, I64, I64, PTR, PTR, I64, PTR, I64, PTR, PTR]
+    lib.head_argmax_q8.argtypes = [PTR, I64, I64, PTR, PTR, PTR, PTR, I64, PTR, I64, PTR]
     lib.head_argmax_q8.restype = None
+    for name in ("head_q8_vnni", "head_q8_amx"):
+        fn = getattr(lib, name)
+        fn.argtypes = []
+        fn.restype = ctypes.c_int
     lib.act_mul_bf16.argtypes = [PTR, I64, I64, I64, ctypes.c_int, PTR]
     lib.act_mul_bf16.restype = None
     lib.rms_norm_bf16.argtypes = [PTR, I64, I64, I64, I64, PTR, I64, ctypes.c_int, F32, PTR, PTR]

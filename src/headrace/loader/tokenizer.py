@@ -110,8 +110,9 @@ class Tokenizer:
         ids += [self._tok.token_to_id(t) for t in TURN_END_TOKENS]
         return tuple(dict.fromkeys(i for i in ids if i is not None))
 
-    @property
+    @cached_property
     def vocab_size(self) -> int:
+        # cached: the tokenizers call builds the whole 262k-entry vocabulary map each time
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     @cached_property

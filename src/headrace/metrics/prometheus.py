@@ -20,7 +20,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from headrace.metrics.step_metrics import StepCollector
 from headrace.metrics.timing import RequestTimer
+from headrace.metrics.tracing import RequestTracer
+from headrace.metrics.window import Finished, RequestWindow
 
 if TYPE_CHECKING:
     from headrace.engine.client import EngineClient
@@ -81,12 +84,15 @@ class Metrics:
             PREFIX + "request_success", "Finished requests by finish reason.",
             ["model_name", "finish_reason"], registry=r,
         )  # fmt: skip
+        self.window = RequestWindow()  # the dashboard's last seconds, per tenant
+        self.tracer: RequestTracer | None = None  # --otlp-traces-endpoint
         if engines is not None:
             self.watch_engines(engines)
 
     def watch_engines(self, engines: EngineSource) -> None:
         """Export the live gauges of the engines that `engines()` returns at each scrape."""
         self.add_collector(EngineStatsCollector(engines))
+        self.add_collector(StepCollector(engines))
 
     def add_collector(self, collector: Collector) -> None:
         self.registry.register(collector)
@@ -100,8 +106,15 @@ class Metrics:
         prompt_tokens: int,
         completion_tokens: int,
         cached_tokens: int = 0,
+        tenant: str = "default",
+        weight: float = 1.0,
     ) -> None:
         """Record one finished request (any finish reason, client aborts included)."""
+        self.window.add(
+            _finished(
+                model, tenant, tier, weight, timer, finish_reason, prompt_tokens + completion_tokens
+            )
+        )
         if timer.ttft is not None:
             self.ttft.labels(model, tier).observe(timer.ttft)
         if timer.queue_time is not None:
@@ -120,6 +133,22 @@ class Metrics:
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _finished(
+    model: str,
+    tenant: str,
+    tier: str,
+    weight: float,
+    timer: RequestTimer,
+    reason: str,
+    tokens: int,
+) -> Finished:
+    gaps = timer.token_gaps
+    tpot = sum(gaps) / len(gaps) if gaps else None
+    return Finished(
+        timer.end or timer.start, model, tenant, tier, weight, timer.ttft, tpot, tokens, reason
+    )
 
 
 class EngineStatsCollector(Collector):

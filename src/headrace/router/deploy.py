@@ -96,13 +96,20 @@ async def start_deployment(
     ]
     total = sum(s.replicas + (long_n if s.replicas else 0) for s in sized)
     threads = model_cfg.num_threads or threads_per_replica(total)
+    if router_cfg.ray_address is not None:  # CPUs each actor declares: 1 unless said
+        from headrace.router.ray_cluster import connect
+
+        await connect(router_cfg.ray_address)
+        threads = model_cfg.num_threads or 1
     plans: list[tuple[str, str, str, Starter]] = []  # model, replica name, pool, starter
     starters: dict[str, Starter] = {}
     for spec in specs:
         cfg = dataclasses.replace(
             model_cfg, model=spec.model, served_model_name=spec.name, num_threads=threads
         )
-        starter = starters[spec.name] = _starter(cfg, cache_cfg, sched_cfg, spec.name)
+        starter = starters[spec.name] = _starter(
+            cfg, cache_cfg, sched_cfg, spec.name, router_cfg.ray_address
+        )
         plans += [(spec.name, f"{spec.name}/{i}", "main", starter) for i in range(spec.replicas)]
         if spec.replicas:
             plans += [(spec.name, f"{spec.name}/long-{i}", "long", starter) for i in range(long_n)]
@@ -130,8 +137,18 @@ async def start_deployment(
 
 
 def _starter(
-    model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: SchedulerConfig, name: str
+    model_cfg: ModelConfig,
+    cache_cfg: CacheConfig,
+    sched_cfg: SchedulerConfig,
+    name: str,
+    ray_address: str | None = None,
 ) -> Starter:
+    if ray_address is not None:  # Ray is an optional extra: imported only when asked for
+        from headrace.router.ray_cluster import ray_starter
+
+        starter: Starter = ray_starter(model_cfg, cache_cfg, sched_cfg, name)
+        return starter
+
     async def start() -> EngineClient:
         from headrace.engine.async_engine import AsyncEngine
 

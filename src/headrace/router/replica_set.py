@@ -1,8 +1,7 @@
 """A model's replicas as a set that grows and shrinks at run time: what the autoscaler drives.
 
-`ReplicaSet` is the contract; `LocalReplicaSet` implements it with engine-core processes on
-this machine. A set of Ray actors would implement the same three members (start an actor and
-wrap it in a `Replica`; drain one and kill it).
+`ReplicaSet` is the contract; `LocalReplicaSet` implements it with replicas made by the
+router's starter: engine-core processes on this machine, or Ray actors with `--ray-address`.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Protocol
 
 from headrace.router.replica import Replica, ReplicaState, Starter
 from headrace.router.router import Router
+from headrace.router.supervisor import STARTUP_TIMEOUT_S
 
 log = logging.getLogger("headrace.router")
 
@@ -38,7 +38,7 @@ class ReplicaSet(Protocol):
 
 
 class LocalReplicaSet:
-    """The main-pool replicas of one router, as engine-core processes started by `starter`."""
+    """The main-pool replicas of one router, as `starter` makes them."""
 
     def __init__(
         self, router: Router, starter: Starter, drain_timeout_s: float = DRAIN_TIMEOUT_S
@@ -56,7 +56,7 @@ class LocalReplicaSet:
     async def add(self) -> None:
         self._starting += 1
         try:
-            engine = await self.starter()
+            engine = await asyncio.wait_for(self.starter(), STARTUP_TIMEOUT_S)
         finally:
             self._starting -= 1
         replica = Replica(f"{self.router.name}/{next(self._names)}", engine, starter=self.starter)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -234,6 +235,7 @@ class Router:
                         return
                     replica.first_output(request_id)
                     attempt.streamed = True
+                    chunk = dataclasses.replace(chunk, replica=replica.name)
                 elif chunk.finish_reason is FinishReason.ERROR and not replica.engine.is_healthy:
                     # Out of rotation now, not at the supervisor's next look; resume elsewhere.
                     replica.mark_down(chunk.error or "it failed mid-stream")

@@ -1,0 +1,366 @@
+/* Greedy head from an int8 copy of the weights, exact, for 1 to 64 rows (see int8_head.py).
+ *
+ * x       [M, H] fp32         the step's final hidden rows
+ * packed  [V16/16, H/4, 16, 4] int8: q[v][d] = round(w[v][d] / s[v]); 16 vocabulary rows by
+ *                             4 hidden values, the operand layout of one VPDPBUSD; V16 a
+ *                             multiple of 64, H a multiple of 4
+ * s       [V16] fp32          per-row weight scales max|w_v| / 127 (0 on padding rows)
+ * qsum    [V16] int32         sum_d q[v][d]  (undoes the +128 offset of the u8 activations)
+ * wl1     [V16] fp32          |w_v|_1 of the full-precision row
+ * w       [V, H] bf16         the head itself, for the rescoring
+ * idx     [M] int64           out: argmax_v x . w_v (ties: the lowest v)
+ *
+ * Screening. Each row is quantized to two u8 limbs with one scale (quantize_rows): x is within
+ * ex = sx / 508 of its quantized value an entry, and the int8 logit a_v comes from exact int32
+ * sums (VPDPBUSD: u8 x s8). With |w - s q| <= s/2 per weight, |x . w_v - a_v| <= ex |w_v|_1 +
+ * s_v / 2 (|x|_1 + H ex); the bound b_v takes 1.1 times that. One limb (ex = sx / 2) would make
+ * the bound ten times looser and keep thousands of candidates on Gemma's heavy-tailed hidden
+ * states. Every v whose a_v + b_v reaches max_u (a_u - b_u) is kept and rescored in fp32 from
+ * the bf16 row: the true argmax is
+ * among them. Candidates are kept per thread and row while the scan runs, filtered by the running
+ * maximum lower bound, so no [M, V] scratch is written.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+typedef struct {
+    float lower;  /* running max of a_v - b_v */
+    int64_t n, cap;
+    int32_t *v;   /* candidates, ascending */
+    float *upper; /* and their a_v + b_v */
+} cands_t;
+
+static inline float bf16_at(const uint16_t *p, int64_t i) {
+    uint32_t bits = (uint32_t)p[i] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static void keep(cands_t *c, int32_t v, float upper) {
+    if (c->n == c->cap) { /* compact: drop those the running lower bound has since excluded */
+        int64_t k = 0;
+        for (int64_t i = 0; i < c->n; i++)
+            if (c->upper[i] >= c->lower) {
+                c->v[k] = c->v[i];
+                c->upper[k++] = c->upper[i];
+            }
+        c->n = k;
+        if (k > c->cap / 2) { /* a flat distribution: many tokens within the bound, grow */
+            c->cap *= 2;
+            c->v = realloc(c->v, sizeof(int32_t) * (size_t)c->cap);
+            c->upper = realloc(c->upper, sizeof(float) * (size_t)c->cap);
+        }
+    }
+    c->v[c->n] = v;
+    c->upper[c->n++] = upper;
+}
+
+/* One 16-row group of a row's screened logits: update the lower bound, keep candidates.
+ * ex = sx / 508 bounds each activation's error; the bound is 1.1 (ex |w_v|_1 + s_v / 2 (|x|_1 +
+ * H ex)), plus 1e-6 |a_v| for the int32 -> fp32 conversion. */
+static inline void screen16(cands_t *c, const int32_t *hi, const int32_t *lo, int64_t v0,
+                            const float *s, const int32_t *qsum, const float *wl1, float sx,
+                            float half_l1, int64_t H, int64_t V) {
+    const float ex = sx / 508.0f, xl1 = half_l1 + 0.5f * (float)H * ex;
+    if (v0 >= V) return; /* padding rows are never candidates */
+    const int n = V - v0 >= 16 ? 16 : (int)(V - v0);
+#ifdef __AVX512F__
+    const __mmask16 valid = (__mmask16)((1u << n) - 1u);
+    const __m512i off = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(qsum + v0)), 7);
+    const __m512 q = _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512((const void *)lo), off)),
+        _mm512_set1_ps(1.0f / 254.0f),
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512((const void *)hi), off)));
+    const __m512 sv = _mm512_loadu_ps(s + v0);
+    const __m512 a = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sx), sv), q);
+    const __m512 b = _mm512_fmadd_ps(
+        _mm512_set1_ps(1e-6f), _mm512_abs_ps(a),
+        _mm512_mul_ps(_mm512_set1_ps(1.1f),
+                      _mm512_fmadd_ps(_mm512_set1_ps(ex), _mm512_loadu_ps(wl1 + v0),
+                                      _mm512_mul_ps(sv, _mm512_set1_ps(xl1)))));
+    const __m512 up = _mm512_add_ps(a, b);
+    const float low = _mm512_mask_reduce_max_ps(valid, _mm512_sub_ps(a, b));
+    if (low > c->lower) c->lower = low;
+    float upper[16];
+    _mm512_storeu_ps(upper, up);
+    uint32_t k = _mm512_mask_cmp_ps_mask(valid, up, _mm512_set1_ps(c->lower), _CMP_GE_OQ);
+    while (k) {
+        const int l = __builtin_ctz(k);
+        keep(c, (int32_t)(v0 + l), upper[l]);
+        k &= k - 1;
+    }
+#else
+    float a[16], b[16];
+    for (int l = 0; l < n; l++) {
+        const int64_t v = v0 + l;
+        const float q = (float)(hi[l] - 128 * qsum[v]) + (float)(lo[l] - 128 * qsum[v]) / 254.0f;
+        a[l] = sx * s[v] * q;
+        b[l] = 1.1f * (ex * wl1[v] + s[v] * xl1) + 1e-6f * fabsf(a[l]);
+    }
+    for (int l = 0; l < n; l++)
+        if (a[l] - b[l] > c->lower) c->lower = a[l] - b[l];
+    for (int l = 0; l < n; l++)
+        if (a[l] + b[l] >= c->lower) keep(c, (int32_t)(v0 + l), a[l] + b[l]);
+#endif
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+int head_q8_vnni(void) { return 1; }
+/* Both limbs' sums over 4 groups (64 vocabulary rows) and MB rows: 8 * MB independent chains. */
+#define DEFINE_DOTS(NAME, MB)                                                                 \
+    static inline void NAME(const uint8_t *x1, const uint8_t *x2, int64_t H, const int8_t *p, \
+                            int64_t m0, int32_t out[2][4][MB][16]) {                         \
+        const int64_t H4 = H / 4;                                                            \
+        __m512i acc[2][4][MB];                                                               \
+        for (int g = 0; g < 4; g++)                                                          \
+            for (int m = 0; m < MB; m++)                                                     \
+                acc[0][g][m] = acc[1][g][m] = _mm512_setzero_si512();                        \
+        for (int64_t d4 = 0; d4 < H4; d4++) {                                                \
+            __m512i wv[4];                                                                   \
+            for (int g = 0; g < 4; g++)                                                      \
+                wv[g] = _mm512_loadu_si512((const void *)(p + (g * H4 + d4) * 64));          \
+            for (int m = 0; m < MB; m++) {                                                   \
+                int32_t q1, q2;                                                              \
+                memcpy(&q1, x1 + (m0 + m) * H + 4 * d4, 4);                                  \
+                memcpy(&q2, x2 + (m0 + m) * H + 4 * d4, 4);                                  \
+                const __m512i b1 = _mm512_set1_epi32(q1), b2 = _mm512_set1_epi32(q2);        \
+                for (int g = 0; g < 4; g++) {                                                \
+                    acc[0][g][m] = _mm512_dpbusd_epi32(acc[0][g][m], b1, wv[g]);             \
+                    acc[1][g][m] = _mm512_dpbusd_epi32(acc[1][g][m], b2, wv[g]);             \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+        for (int k = 0; k < 2; k++)                                                          \
+            for (int g = 0; g < 4; g++)                                                      \
+                for (int m = 0; m < MB; m++)                                                 \
+                    _mm512_storeu_si512((void *)out[k][g][m], acc[k][g][m]);                 \
+    }
+#else
+int head_q8_vnni(void) { return 0; }
+#define DEFINE_DOTS(NAME, MB)                                                                 \
+    static inline void NAME(const uint8_t *x1, const uint8_t *x2, int64_t H, const int8_t *p, \
+                            int64_t m0, int32_t out[2][4][MB][16]) {                         \
+        const int64_t H4 = H / 4;                                                            \
+        for (int k = 0; k < 2; k++)                                                          \
+            for (int g = 0; g < 4; g++)                                                      \
+                for (int m = 0; m < MB; m++)                                                 \
+                    for (int l = 0; l < 16; l++) {                                           \
+                        const uint8_t *xm = (k ? x2 : x1) + (m0 + m) * H;                    \
+                        int32_t acc = 0;                                                     \
+                        for (int64_t d = 0; d < H; d++)                                      \
+                            acc += (int32_t)xm[d] *                                          \
+                                   (int32_t)p[((g * H4 + d / 4) * 16 + l) * 4 + d % 4];      \
+                        out[k][g][m][l] = acc;                                               \
+                    }                                                                        \
+    }
+#endif
+DEFINE_DOTS(dots_m1, 1)
+DEFINE_DOTS(dots_m2, 2)
+
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+/* Linux hands AMX's tile data to a process only on request (arch_prctl, once per process). */
+int head_q8_amx(void) {
+    static int ok = -1;
+    if (ok < 0) ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+    return ok;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg_t;
+
+/* Tiles 0-1: 16 rows x 64 bytes of the two activation limbs; 2-3: one 64-deep slice of two
+ * 16-row vocabulary groups (packed, 16 rows of 4 x 16 bytes); 4-7: int32 sums [16 x 16] of
+ * limb x group. */
+static void amx_configure(void) {
+    tilecfg_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* sums[k][g][m][l] for limbs k, groups grp and grp + 1, 16 rows from rb: one pass over H. */
+static void amx_dots(const uint8_t *x1, const uint8_t *x2, int64_t H, const int8_t *packed,
+                     int64_t grp, int64_t rb, int32_t sums[4][16][16]) {
+    const int64_t H4 = H / 4;
+    const int8_t *g0 = packed + grp * H4 * 64, *g1 = g0 + H4 * 64;
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int64_t kc = 0; kc < H / 64; kc++) {
+        _tile_loadd(0, x1 + rb * H + kc * 64, H);
+        _tile_loadd(1, x2 + rb * H + kc * 64, H);
+        _tile_loadd(2, g0 + kc * 16 * 64, 64);
+        _tile_loadd(3, g1 + kc * 16 * 64, 64);
+        _tile_dpbusd(4, 0, 2);
+        _tile_dpbusd(5, 1, 2);
+        _tile_dpbusd(6, 0, 3);
+        _tile_dpbusd(7, 1, 3);
+    }
+    _tile_stored(4, sums[0], 64);
+    _tile_stored(5, sums[1], 64);
+    _tile_stored(6, sums[2], 64);
+    _tile_stored(7, sums[3], 64);
+}
+#else
+int head_q8_amx(void) { return 0; }
+#endif
+
+/* Per row: two u8 limbs, x ~ sx (x1 - 128) + sx / 254 (x2 - 128) within sx / 508 an entry,
+ * the scale, and |x|_1 / 2. */
+static void quantize_rows(const float *x, int64_t M, int64_t H, uint8_t *x1, uint8_t *x2,
+                          float *sx, float *half_l1) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *xm = x + m * H;
+        float amax = 0.0f, l1 = 0.0f;
+        for (int64_t d = 0; d < H; d++) {
+            const float a = fabsf(xm[d]);
+            amax = a > amax ? a : amax;
+            l1 += a;
+        }
+        const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+        for (int64_t d = 0; d < H; d++) {
+            const float t = xm[d] / scale, hi = rintf(t);
+            x1[m * H + d] = (uint8_t)((int)hi + 128);
+            x2[m * H + d] = (uint8_t)((int)rintf((t - hi) * 254.0f) + 128);
+        }
+        sx[m] = scale;
+        half_l1[m] = 0.5f * l1;
+    }
+}
+
+static int64_t rescore(const float *xm, int64_t H, const uint16_t *w, cands_t *per_thread,
+                       int threads, int64_t M, int64_t m) {
+    float lower = -INFINITY;
+    for (int t = 0; t < threads; t++) {
+        const cands_t *c = per_thread + t * M + m;
+        lower = c->lower > lower ? c->lower : lower;
+    }
+    float best = -INFINITY;
+    int64_t at = -1;
+    for (int t = 0; t < threads; t++) { /* threads hold ascending ranges: ties go to the lowest */
+        const cands_t *c = per_thread + t * M + m;
+        for (int64_t i = 0; i < c->n; i++) {
+            if (!(c->upper[i] >= lower)) continue;
+            const uint16_t *row = w + (int64_t)c->v[i] * H;
+            float dot = 0.0f;
+            _Pragma("omp simd reduction(+ : dot)")
+            for (int64_t d = 0; d < H; d++) dot += xm[d] * bf16_at(row, d);
+            if (dot > best || (dot == best && c->v[i] < at)) {
+                best = dot;
+                at = c->v[i];
+            }
+        }
+    }
+    return at;
+}
+
+typedef struct {
+    const uint8_t *x1, *x2;
+    const float *sx, *half_l1, *s, *wl1;
+    const int32_t *qsum;
+    const int8_t *packed;
+    int64_t M, H, V16, V;
+} scan_t;
+
+/* This thread's share of the vocabulary (omp for: ascending, contiguous per thread). */
+static void scan_vector(const scan_t *a, cands_t *mine) {
+    const int64_t H4 = a->H / 4, M = a->M;
+    _Pragma("omp for schedule(static)")
+    for (int64_t grp = 0; grp < a->V16 / 16; grp += 4) {
+        const int8_t *p = a->packed + grp * H4 * 64;
+        int64_t m0 = 0;
+        for (; m0 + 2 <= M; m0 += 2) {
+            int32_t acc[2][4][2][16];
+            dots_m2(a->x1, a->x2, a->H, p, m0, acc);
+            for (int g = 0; g < 4; g++)
+                for (int m = 0; m < 2; m++)
+                    screen16(mine + m0 + m, acc[0][g][m], acc[1][g][m], (grp + g) * 16, a->s,
+                             a->qsum, a->wl1, a->sx[m0 + m], a->half_l1[m0 + m], a->H, a->V);
+        }
+        for (; m0 < M; m0++) {
+            int32_t acc[2][4][1][16];
+            dots_m1(a->x1, a->x2, a->H, p, m0, acc);
+            for (int g = 0; g < 4; g++)
+                screen16(mine + m0, acc[0][g][0], acc[1][g][0], (grp + g) * 16, a->s, a->qsum,
+                         a->wl1, a->sx[m0], a->half_l1[m0], a->H, a->V);
+        }
+    }
+}
+
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+static void scan_amx(const scan_t *a, cands_t *mine) {
+    amx_configure(); /* tile state is per thread */
+    _Pragma("omp for schedule(static)")
+    for (int64_t grp = 0; grp < a->V16 / 16; grp += 2) {
+        for (int64_t rb = 0; rb < a->M; rb += 16) {
+            int32_t sums[4][16][16];
+            amx_dots(a->x1, a->x2, a->H, a->packed, grp, rb, sums);
+            for (int64_t r = 0; r < 16 && rb + r < a->M; r++)
+                for (int g = 0; g < 2; g++)
+                    screen16(mine + rb + r, sums[2 * g][r], sums[2 * g + 1][r], (grp + g) * 16,
+                             a->s, a->qsum, a->wl1, a->sx[rb + r], a->half_l1[rb + r], a->H,
+                             a->V);
+        }
+    }
+    _tile_release();
+}
+#endif
+
+void head_argmax_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, const float *s,
+                    const int32_t *qsum, const float *wl1, int64_t V16, const uint16_t *w,
+                    int64_t V, int64_t *idx) {
+    const int threads = omp_get_max_threads();
+    const int64_t M16 = (M + 15) / 16 * 16; /* AMX reads whole 16-row tiles */
+    uint8_t *x1 = malloc((size_t)(2 * M16 * H)), *x2 = x1 + M16 * H;
+    memset(x1, 128, (size_t)(2 * M16 * H));
+    float *sx = malloc(sizeof(float) * (size_t)M), *half_l1 = malloc(sizeof(float) * (size_t)M);
+    cands_t *per_thread = malloc(sizeof(cands_t) * (size_t)(threads * M));
+    quantize_rows(x, M, H, x1, x2, sx, half_l1);
+    for (int64_t i = 0; i < threads * M; i++) {
+        per_thread[i].lower = -INFINITY;
+        per_thread[i].n = 0;
+        per_thread[i].cap = 1024;
+        per_thread[i].v = malloc(sizeof(int32_t) * 1024);
+        per_thread[i].upper = malloc(sizeof(float) * 1024);
+    }
+    const scan_t args = {x1, x2, sx, half_l1, s, wl1, qsum, packed, M, H, V16, V};
+    /* Below 4 rows the tiles' fixed costs lose to VNNI (bench/kernels.py, greedy_head) */
+    const int amx = M >= 4 && H % 64 == 0 && head_q8_amx();
+    _Pragma("omp parallel num_threads(threads)") {
+        cands_t *mine = per_thread + omp_get_thread_num() * M;
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+        if (amx)
+            scan_amx(&args, mine);
+        else
+#endif
+            scan_vector(&args, mine);
+    }
+    (void)amx;
+    _Pragma("omp parallel for schedule(static)")
+    for (int64_t m = 0; m < M; m++) idx[m] = rescore(x + m * H, H, w, per_thread, threads, M, m);
+    for (int64_t i = 0; i < threads * M; i++) {
+        free(per_thread[i].v);
+        free(per_thread[i].upper);
+    }
+    free(per_thread);
+    free(half_l1);
+    free(sx);
+    free(x1);
+}
