@@ -158,6 +158,12 @@ class RouterConfig:
     replica_read_timeout_s: float = _f(
         30.0, "a --replica-url stream silent this long (keep-alives every 2 s) fails, seconds"
     )
+    max_resumes: int = _f(
+        2, "times a stream whose replica died is continued on another replica (0: it fails)"
+    )
+    resume_wait_s: float = _f(
+        30.0, "how long a stream to resume waits for a replica in rotation, seconds"
+    )
     ray_address: str | None = _f(
         None, "replicas as actors on a Ray cluster: auto | ray://HOST:PORT | HOST:PORT | local "
         "(a private single-node Ray); needs headrace[ray] (docs/scale-out.md)",
@@ -180,6 +186,55 @@ class RouterConfig:
             raise ValueError("replica_stall_timeout_s must be positive")
         if not self.replica_read_timeout_s > 0:
             raise ValueError("replica_read_timeout_s must be positive")
+        if self.max_resumes < 0 or not self.resume_wait_s >= 0:
+            raise ValueError("max_resumes and resume_wait_s must not be negative")
+
+
+@dataclass(frozen=True)
+class AutoscaleConfig:
+    autoscale: str | None = _f(
+        None, "MIN:MAX: keep each local model's replica count within these bounds, scaled on "
+        "forecast demand (docs/autoscale.md); unset: the count is fixed",
+    )  # fmt: skip
+    autoscale_replica_tokens_per_s: float | None = _f(
+        None, "output tokens/s one replica sustains within the SLO (`headrace plan`); unset: "
+        "learned while requests queue",
+    )  # fmt: skip
+    autoscale_headroom: float = _f(0.2, "spare capacity kept above the forecast, as a fraction")
+    autoscale_horizon_s: float = _f(
+        300.0, "how far past a replica's start time the forecast peak is taken, seconds"
+    )
+    autoscale_cooldown_s: float = _f(
+        600.0, "a replica is removed only after the forecast stayed low this long, seconds"
+    )
+    autoscale_start_s: float = _f(30.0, "replica start time assumed until one is measured, seconds")
+    autoscale_interval_s: float = _f(10.0, "demand sample spacing and decision interval, s")
+
+    def __post_init__(self) -> None:
+        self.bounds  # noqa: B018  (validates the text)
+        if self.autoscale_replica_tokens_per_s is not None and not (
+            self.autoscale_replica_tokens_per_s > 0
+        ):
+            raise ValueError("--autoscale-replica-tokens-per-s must be positive")
+        if not 0 <= self.autoscale_headroom <= 10:
+            raise ValueError("--autoscale-headroom must be in [0, 10]")
+        for name in ("horizon_s", "cooldown_s", "start_s"):
+            if not getattr(self, "autoscale_" + name) >= 0:
+                raise ValueError(f"--autoscale-{name.replace('_', '-')} must not be negative")
+        if not self.autoscale_interval_s > 0:
+            raise ValueError("--autoscale-interval-s must be positive")
+
+    @property
+    def bounds(self) -> tuple[int, int] | None:
+        """(MIN, MAX), or None when autoscaling is off."""
+        if self.autoscale is None:
+            return None
+        lo, sep, hi = self.autoscale.partition(":")
+        if not sep or not lo.isdigit() or not hi.isdigit() or not 1 <= int(lo) <= int(hi):
+            raise ValueError(
+                f"--autoscale must be MIN:MAX with 1 <= MIN <= MAX, got {self.autoscale!r}"
+            )
+        return int(lo), int(hi)
 
 
 @dataclass(frozen=True)
@@ -193,6 +248,7 @@ class HeadraceConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HeadraceConfig:
@@ -200,6 +256,7 @@ class HeadraceConfig:
             config_from_args(ModelConfig, args), config_from_args(CacheConfig, args),
             config_from_args(SchedulerConfig, args), config_from_args(ServerConfig, args),
             config_from_args(GatewayConfig, args), config_from_args(RouterConfig, args),
+            config_from_args(AutoscaleConfig, args),
         )  # fmt: skip
 
 

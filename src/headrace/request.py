@@ -68,6 +68,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 means off
     seed: int | None = None
+    # Where a seeded request's stream of draws starts: a stream resumed on another replica
+    # after `k` tokens (router/resume.py) draws what the original would have drawn next.
+    seed_offset: int = 0
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
@@ -100,6 +103,7 @@ class SamplingParams:
         _check_int("top_k", self.top_k, 0, _MAX_INT)
         if self.seed is not None:
             _check_int("seed", self.seed, -(1 << 63), (1 << 64) - 1)
+        _check_int("seed_offset", self.seed_offset, 0, _MAX_INT)
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) for s in self.stop):
             raise ValueError(f"stop must be a tuple of strings, got {self.stop!r}")
         if not isinstance(self.stop_token_ids, tuple):

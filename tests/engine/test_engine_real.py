@@ -3,6 +3,7 @@ aborts free everything, preemption recomputes exactly, seeds reproduce, stop str
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -189,3 +190,18 @@ def test_seeded_sampling_reproduces_and_stop_strings_cut_exactly(runner):
     assert out.text == text[: text.index(stop)]
     assert "".join(streamed) == out.text
     assert llm.core.block_manager.num_used_blocks == 0
+
+
+def test_a_seeded_continuation_with_its_seed_offset_draws_the_rest_of_the_stream(runner):
+    """What the router does after a replica died mid-stream: prompt plus the tokens sent,
+    `seed_offset` moved on by them, gives the tokens the whole request would have given."""
+    llm = LLM(runner=runner)
+    sampled = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=11, ignore_eos=True)
+    whole = llm.generate("The quick brown fox", sampled)[0]
+    k = 8
+    rest = dataclasses.replace(sampled, max_tokens=20 - k, seed_offset=k)
+    [cont] = llm.generate([whole.prompt_token_ids + whole.token_ids[:k]], rest)
+    assert cont.token_ids == whole.token_ids[k:]
+    unshifted = dataclasses.replace(rest, seed_offset=0)
+    [wrong] = llm.generate([whole.prompt_token_ids + whole.token_ids[:k]], unshifted)
+    assert wrong.token_ids != whole.token_ids[k:]

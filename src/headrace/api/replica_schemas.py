@@ -41,6 +41,7 @@ class WireParams(BaseModel):
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0, le=2**31 - 1)
     seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
+    seed_offset: int = Field(default=0, ge=0, le=2**31 - 1)  # a resumed stream's draws so far
     stop: list[Stop] = Field(default_factory=list, max_length=16)
     stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False

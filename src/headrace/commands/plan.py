@@ -3,6 +3,8 @@
 From a bench JSON:   headrace plan --from out/bench.json --peak-tokens-per-s 2000
 By measuring a URL:  headrace plan --url http://127.0.0.1:8000 --peak-tokens-per-s 2000
 (bisection over the offered request rate, at most --max-probes bench runs)
+A schedule:          headrace plan --from out/bench.json --demand-trace demand.csv
+(replicas hour by hour for the next --schedule-hours, from the autoscaler's forecast)
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from typing import Any
 
 from headrace.bench import BenchError
 from headrace.bench.loadgen import Bounds, run_level
 from headrace.bench.plan import Point, bisect_rate, make_plan, render_plan
+from headrace.bench.schedule import load_trace, render_schedule, schedule
 from headrace.bench.stats import Slo
 from headrace.commands.bench import add_target_arguments, add_workload_arguments
 
@@ -37,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.01,
         help="a level with more failed requests than this does not meet the SLO",
     )
+    g.add_argument(
+        "--demand-trace", metavar="FILE",
+        help="recorded demand (CSV or JSON of timestamp, tokens_per_s): print a replica "
+        "schedule, hour by hour, from its forecast",
+    )  # fmt: skip
+    g.add_argument("--schedule-hours", type=int, default=24, help="hours the schedule covers")
+    g.add_argument("--start-s", type=float, help="replica start time, for the schedule's note")
     g.add_argument("--out", metavar="DIR", help="write plan.json (and the probes' bench.json)")
     g = parser.add_argument_group("measuring (with --url)")
     g.add_argument("--start-rate", type=float, default=1.0, help="first probe, requests/s")
@@ -76,6 +87,8 @@ def _check(args: argparse.Namespace) -> None:
         raise BenchError("--start-rate and --tolerance must be > 0, --max-probes >= 1")
     if args.probe_duration <= 0 or args.probe_requests < 1:
         raise BenchError("--probe-duration must be > 0 and --probe-requests >= 1")
+    if not 1 <= args.schedule_hours <= 24 * 14:
+        raise BenchError("--schedule-hours must be in 1..336")
 
 
 async def _plan(args: argparse.Namespace) -> int:
@@ -94,8 +107,15 @@ async def _plan(args: argparse.Namespace) -> int:
             "relax the SLO or measure lower loads"
         )
     print(render_plan(plan, points, slo))
+    doc = plan.as_dict(points, slo)
+    if args.demand_trace:
+        trace = load_trace(args.demand_trace)
+        per_replica, headroom = plan.per_replica_tokens_per_s, plan.headroom
+        slots, seasonal = schedule(trace, per_replica, headroom, args.schedule_hours)
+        print(render_schedule(slots, seasonal, args.start_s))
+        doc["schedule"] = [asdict(s) for s in slots]
     if args.out:
-        _write(os.path.join(args.out, "plan.json"), plan.as_dict(points, slo))
+        _write(os.path.join(args.out, "plan.json"), doc)
     return 0
 
 

@@ -25,6 +25,7 @@ from headrace.api.app import build_app, front_door
 from headrace.api.http_protocol import FrontDoorLimits, fit_fd_limit, uvicorn_options
 from headrace.api.state import AppState
 from headrace.config import (
+    AutoscaleConfig,
     CacheConfig,
     GatewayConfig,
     HeadraceConfig,
@@ -50,7 +51,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GGUF file or Hugging Face directory, served as NAME with N replicas; repeat it "
         "to serve several models (default: Gemma 3 270M)",
     )  # fmt: skip
-    for cls in (CacheConfig, SchedulerConfig, ServerConfig, GatewayConfig, RouterConfig):
+    for cls in (
+        CacheConfig,
+        SchedulerConfig,
+        ServerConfig,
+        GatewayConfig,
+        RouterConfig,
+        AutoscaleConfig,
+    ):
         add_config_args(parser, cls)
     parser.add_argument(
         "--replica-url", action="append", default=[], metavar="URL",

@@ -93,7 +93,7 @@ class Sampler:
     def _uniform(self, req: ScheduledRequest) -> float:
         if req.params.seed is None:
             return self._rng.random()
-        return seeded_uniform(req.params.seed, req.num_output_tokens)
+        return seeded_uniform(req.params.seed, req.params.seed_offset + req.num_output_tokens)
 
 
 def _min_p(x: torch.Tensor, ps: list[float]) -> torch.Tensor:

@@ -6,6 +6,8 @@ router per model.
 the model it serves — of a local model of that name, or of a model served only remotely (its
 tokenizer is fetched from there). Local replicas are engine-core processes that share the
 machine's CPU cores: each gets `cores // replicas` torch threads unless `--num-threads` is set.
+With `--autoscale MIN:MAX` each local model starts MIN replicas (threads sized for MAX) and an
+autoscaler adds and removes them at run time (docs/autoscale.md).
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import dataclasses
 import logging
 import os
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
 
 from headrace.config import (
+    AutoscaleConfig,
     CacheConfig,
     HeadraceConfig,
     ModelConfig,
@@ -28,8 +32,11 @@ from headrace.config import (
     SchedulerConfig,
 )
 from headrace.engine.client import EngineClient
+from headrace.router.autoscale_loop import AutoscaleLoop
+from headrace.router.autoscaler import Autoscaler
 from headrace.router.remote import RemoteEngine
 from headrace.router.replica import Replica, Starter
+from headrace.router.replica_set import LocalReplicaSet
 from headrace.router.router import Router
 
 _SPEC = re.compile(r"^(?:(?P<name>[\w.\-]+)=)?(?P<path>.*?)(?::(?P<n>\d+))?$")
@@ -81,7 +88,13 @@ async def start_deployment(
     model_cfg, cache_cfg, sched_cfg = config.model, config.cache, config.scheduler
     router_cfg = config.router
     long_n = router_cfg.long_replicas
-    total = sum(s.replicas + (long_n if s.replicas else 0) for s in specs)
+    bounds = config.autoscale.bounds
+    if bounds is not None:  # start MIN; MAX sets the threads each one gets
+        specs = [dataclasses.replace(s, replicas=bounds[0]) if s.replicas else s for s in specs]
+    sized = [
+        dataclasses.replace(s, replicas=bounds[1]) if bounds and s.replicas else s for s in specs
+    ]
+    total = sum(s.replicas + (long_n if s.replicas else 0) for s in sized)
     threads = model_cfg.num_threads or threads_per_replica(total)
     if router_cfg.ray_address is not None:  # CPUs each actor declares: 1 unless said
         from headrace.router.ray_cluster import connect
@@ -89,11 +102,14 @@ async def start_deployment(
         await connect(router_cfg.ray_address)
         threads = model_cfg.num_threads or 1
     plans: list[tuple[str, str, str, Starter]] = []  # model, replica name, pool, starter
+    starters: dict[str, Starter] = {}
     for spec in specs:
         cfg = dataclasses.replace(
             model_cfg, model=spec.model, served_model_name=spec.name, num_threads=threads
         )
-        starter = _starter(cfg, cache_cfg, sched_cfg, spec.name, router_cfg.ray_address)
+        starter = starters[spec.name] = _starter(
+            cfg, cache_cfg, sched_cfg, spec.name, router_cfg.ray_address
+        )
         plans += [(spec.name, f"{spec.name}/{i}", "main", starter) for i in range(spec.replicas)]
         if spec.replicas:
             plans += [(spec.name, f"{spec.name}/long-{i}", "long", starter) for i in range(long_n)]
@@ -113,7 +129,9 @@ async def start_deployment(
         await _close_all([r.engine for reps in replicas.values() for r in reps])
         raise
     routers = {model: Router(model, reps, router_cfg) for model, reps in replicas.items()}
-    for router in routers.values():
+    for model, router in routers.items():
+        if bounds is not None and model in starters and any(r.starter for r in router.replicas):
+            _autoscale(router, starters[model], config.autoscale)
         router.start()
     return routers
 
@@ -137,6 +155,11 @@ def _starter(
         return await AsyncEngine.start(model_cfg, cache_cfg, sched_cfg, served_model_name=name)
 
     return start
+
+
+def _autoscale(router: Router, starter: Starter, cfg: AutoscaleConfig) -> None:
+    policy = Autoscaler(cfg, time.monotonic)
+    router.autoscaler = AutoscaleLoop(router, LocalReplicaSet(router, starter), policy)
 
 
 async def _add_remotes(

@@ -1,6 +1,6 @@
 """Router metrics, read live from the routers at each scrape (registered on the app's
 `Metrics` with `add_collector`): requests routed per replica, replica health and state,
-restarts, retries and each replica's load as the router sees it."""
+restarts, retries, resumes and each replica's load as the router sees it."""
 
 from __future__ import annotations
 
@@ -45,10 +45,15 @@ class RouterMetrics(Collector):
             PREFIX + "router_retries", "Requests sent again after their replica failed.",
             labels=["model_name"],
         )  # fmt: skip
+        resumes = CounterMetricFamily(
+            PREFIX + "router_resumes", "Streams continued elsewhere after their replica failed.",
+            labels=["model_name"],
+        )  # fmt: skip
         for name, engine in list(self.engines().items()):
             if not isinstance(engine, Router):
                 continue
             retries.add_metric([name], engine.retries)
+            resumes.add_metric([name], engine.resumes)
             for r in engine.replicas:
                 key = [name, r.name]
                 r.observe()
@@ -58,4 +63,4 @@ class RouterMetrics(Collector):
                 load.add_metric(key, r.load.load_tokens)
                 for s in ReplicaState:
                     state.add_metric([*key, str(s)], 1.0 if r.state is s else 0.0)
-        return [routed, restarts, up, state, load, retries]
+        return [routed, restarts, up, state, load, retries, resumes]

@@ -30,6 +30,7 @@ class ReplicaState(enum.StrEnum):
     HEALTHY = "healthy"  # in rotation
     DOWN = "down"  # out of rotation: failed, or stopped answering
     RESTARTING = "restarting"  # out of rotation: a new engine is on its way
+    DRAINING = "draining"  # out of rotation for good: the autoscaler removes it once idle
 
 
 @dataclass(frozen=True)

@@ -3,40 +3,48 @@
 A request goes to the replica its policy picks among those in rotation — of the long-prompt
 pool when its prompt is longer than the threshold (the other pool when its own has none
 left). If that replica fails before the request streamed anything (its process died, its
-server went away), the request is sent to another replica, each at most once; after its first
-chunk a failure reaches the caller as an error chunk. A replica that fails leaves the rotation
-at once; the supervisor brings it back.
+server went away), the request is sent to another replica, each at most once. If it fails
+after, the stream is resumed on another replica from the prompt plus the tokens already sent
+(`resume.py`, at most `max_resumes` times, waiting up to `resume_wait_s` for a replica in
+rotation): the caller sees a pause, not an error. A replica that fails leaves the rotation at
+once; the supervisor brings it back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headrace.config import RouterConfig
 from headrace.engine.client import GenerateOptions, GenerationChunk
 from headrace.engine.outputs import StepStats
 from headrace.request import FinishReason, SamplingParams
+from headrace.router.deadlines import time_left_since
 from headrace.router.load import sum_stats
 from headrace.router.policies import make_policy
 from headrace.router.prefix_index import prefix_hashes
 from headrace.router.replica import Replica
+from headrace.router.resume import ResumableStream
 from headrace.router.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from headrace.router.autoscale_loop import AutoscaleLoop
 
 log = logging.getLogger("headrace.router")
 
-_MIN_TIMEOUT_S = 0.001
+_RESUME_POLL_S = 0.05
 
 
 @dataclass
 class _Attempt:
-    streamed: bool = False  # a chunk reached the caller: no retry from here on
-    failure: GenerationChunk | None = None  # the replica failed before that: retry
+    streamed: bool = False  # a chunk reached the caller: resume, not retry, from here on
+    failure: GenerationChunk | None = None  # the replica failed: retry or resume elsewhere
 
 
 class NoReplicaError(RuntimeError):
@@ -57,12 +65,28 @@ class Router:
         )
         self.supervisor = Supervisor(self.replicas, self.config)
         self.retries = 0  # requests sent again after their replica failed
+        self.resumes = 0  # streams continued elsewhere after their replica failed mid-way
+        self.tokens_delivered = 0  # output tokens sent to callers: the autoscaler's demand
+        self.autoscaler: AutoscaleLoop | None = None
         self._placed: dict[str, Replica] = {}  # request id -> the replica it is on now
+        self._between: dict[str, bool] = {}  # resumed streams between replicas -> aborted
         self._closed = False
 
     def start(self) -> None:
-        """Start watching the replicas (needs a running event loop)."""
+        """Start watching (and autoscaling) the replicas (needs a running event loop)."""
         self.supervisor.start()
+        if self.autoscaler is not None:
+            self.autoscaler.start()
+
+    def add_replica(self, replica: Replica) -> None:
+        """A replica joins at run time (the autoscaler's)."""
+        self.replicas.append(replica)
+        self.supervisor.replicas.append(replica)
+
+    def remove_replica(self, replica: Replica) -> None:
+        """A drained replica leaves for good; its caller closes its engine."""
+        self.replicas.remove(replica)
+        self.supervisor.replicas.remove(replica)
 
     # -- EngineClient -----------------------------------------------------------------------
 
@@ -101,27 +125,93 @@ class Router:
         salt = opts.tenant if opts.cache_salt is None else opts.cache_salt  # as the engine's
         affinity = self.policy.uses_prefixes and len(self.replicas) > 1
         hashes = prefix_hashes(ids, salt) if affinity else []
+        stream = ResumableStream(ids, params, self.config.max_resumes, self.tokenizer)
+        attempts = self._attempts(request_id, ids, stream, opts, hashes)
+        try:
+            async with contextlib.aclosing(attempts):  # a caller who leaves aborts it at once
+                async for chunk in attempts:
+                    yield chunk
+        finally:
+            self._between.pop(request_id, None)
+
+    async def _attempts(
+        self,
+        request_id: str,
+        ids: list[int],
+        stream: ResumableStream,
+        opts: GenerateOptions,
+        hashes: list[bytes],
+    ) -> AsyncGenerator[GenerationChunk, None]:
+        """The request's attempts, one replica after another, as one stream."""
         t0 = time.monotonic()
         tried: set[int] = set()
         failure: GenerationChunk | None = None
         while True:
-            replica = self._choose(len(ids), tried, hashes)
+            replica = await self._next_replica(request_id, len(ids), tried, hashes)
+            if self._between.pop(request_id, False):  # aborted while it waited
+                yield stream.deliver(_end_chunk(request_id, FinishReason.ABORT))
+                return
             if replica is None:
                 if failure is not None:
-                    yield failure
+                    yield stream.deliver(failure)
                     return
                 raise NoReplicaError(f"no replica of model {self.name!r} is in rotation")
             tried.add(id(replica))
             attempt = _Attempt()
-            chunks = self._attempt(replica, attempt, request_id, ids, params, _less(opts, t0))
+            prompt_ids, attempt_params = stream.request()
+            chunks = self._attempt(
+                replica, attempt, request_id, prompt_ids, attempt_params, time_left_since(opts, t0)
+            )
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
-                    yield chunk
+                    self.tokens_delivered += len(chunk.token_ids)
+                    yield stream.deliver(chunk)
+                    if stream.stopped:
+                        return  # a stop string across a resume's seam: closing aborts it
             if attempt.failure is None:
                 return
             failure = attempt.failure
-            self.retries += 1
-            log.warning("retrying %s elsewhere: replica %s failed", request_id, replica.name)
+            if attempt.streamed or stream.resumes:
+                if not self._resume(request_id, replica, stream, failure):
+                    yield stream.deliver(failure)
+                    return
+                self._between[request_id] = False
+                tried = set()  # out of rotation: back in it after a restart, it may serve
+            else:
+                self.retries += 1
+                log.warning("retrying %s elsewhere: replica %s failed", request_id, replica.name)
+
+    def _resume(
+        self, request_id: str, replica: Replica, stream: ResumableStream, failure: GenerationChunk
+    ) -> bool:
+        why_not = stream.why_not_resumable()
+        if why_not is not None:
+            log.warning("not resuming %s after %s failed: %s", request_id, replica.name, why_not)
+            return False
+        stream.resume()
+        self.resumes += 1
+        log.warning(
+            "resuming %s elsewhere after %d tokens: replica %s failed (%s)",
+            request_id, len(stream.sent_ids), replica.name, failure.error,
+        )  # fmt: skip
+        return True
+
+    async def _next_replica(
+        self, request_id: str, prompt_tokens: int, tried: set[int], hashes: list[bytes]
+    ) -> Replica | None:
+        """The replica for the next attempt; a stream to resume waits for one a while (until
+        it is aborted)."""
+        replica = self._choose(prompt_tokens, tried, hashes)
+        deadline = time.monotonic() + self.config.resume_wait_s
+
+        def waits() -> bool:
+            resuming = self._between.get(request_id) is False  # False: not aborted
+            return resuming and not self._closed and time.monotonic() < deadline
+
+        while replica is None and waits():
+            await asyncio.sleep(_RESUME_POLL_S)
+            replica = self._choose(prompt_tokens, tried, hashes)
+        return replica
 
     async def _attempt(
         self,
@@ -132,8 +222,8 @@ class Router:
         params: SamplingParams,
         options: GenerateOptions,
     ) -> AsyncGenerator[GenerationChunk, None]:
-        """The request on one replica; a failure before its first chunk ends the attempt
-        quietly with `attempt.failure` set, so that the caller tries another replica."""
+        """The request on one replica; a failure of the replica ends the attempt quietly with
+        `attempt.failure` set, so that the caller tries another replica (or resumes there)."""
         chunks = replica.engine.generate(request_id, ids, params, options)
         replica.dispatched(request_id, len(ids) + params.max_tokens)
         self._placed[request_id] = replica
@@ -147,14 +237,14 @@ class Router:
                     attempt.streamed = True
                     chunk = dataclasses.replace(chunk, replica=replica.name)
                 elif chunk.finish_reason is FinishReason.ERROR and not replica.engine.is_healthy:
-                    # Out of rotation now, not at the supervisor's next look.
+                    # Out of rotation now, not at the supervisor's next look; resume elsewhere.
                     replica.mark_down(chunk.error or "it failed mid-stream")
+                    attempt.failure = chunk
+                    return
                 yield chunk
         except ValueError:
             raise  # refused before it started: it can never fit
         except Exception as e:
-            if attempt.streamed:
-                raise
             replica.mark_down(f"{type(e).__name__}: {e}")
             attempt.failure = _error_chunk(request_id, f"replica {replica.name} failed: {e}")
         finally:
@@ -164,6 +254,8 @@ class Router:
                 del self._placed[request_id]
 
     async def abort(self, request_id: str) -> None:
+        if request_id in self._between:
+            self._between[request_id] = True
         replica = self._placed.get(request_id)
         if replica is not None:
             await replica.engine.abort(request_id)
@@ -172,6 +264,8 @@ class Router:
         if self._closed:
             return
         self._closed = True
+        if self.autoscaler is not None:
+            await self.autoscaler.close()
         await self.supervisor.close()
         for replica in self.replicas:
             try:
@@ -215,29 +309,18 @@ class Router:
         return {
             "policy": self.policy.name,
             "retries": self.retries,
+            "resumes": self.resumes,
+            **({"autoscaler": self.autoscaler.describe()} if self.autoscaler else {}),
             "replicas": [r.describe() for r in self.replicas],
         }
 
 
-def _less(opts: GenerateOptions, t0: float) -> GenerateOptions:
-    """The options of a retry: its deadlines still count from the first arrival. With an
-    `arrival_time` they do already (and a remote replica's wire sends the time left)."""
-    spent = time.monotonic() - t0
-    if opts.arrival_time is not None or spent <= 0:
-        return opts
-    if opts.timeout_s is None and opts.queue_timeout_s is None:
-        return opts
-
-    def left(limit: float | None) -> float | None:
-        return None if limit is None else max(limit - spent, _MIN_TIMEOUT_S)
-
-    return dataclasses.replace(
-        opts, timeout_s=left(opts.timeout_s), queue_timeout_s=left(opts.queue_timeout_s)
-    )
-
-
 def _error_chunk(request_id: str, message: str) -> GenerationChunk:
     return GenerationChunk(request_id, "", [], FinishReason.ERROR, error=message)
+
+
+def _end_chunk(request_id: str, reason: FinishReason) -> GenerationChunk:
+    return GenerationChunk(request_id, "", [], reason)
 
 
 async def _close(chunks: AsyncIterator[GenerationChunk]) -> None:
