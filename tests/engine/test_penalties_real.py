@@ -132,6 +132,8 @@ def test_plain_neighbours_keep_their_greedy_outputs(llm: LLM) -> None:
 class _WrongHead:
     """An int8 head stand-in that answers token 7 for every row: shows which steps used it."""
 
+    max_rows = 64
+
     def argmax(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.full((rows.shape[0],), 7, dtype=torch.int64)
 

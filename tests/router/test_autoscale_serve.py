@@ -31,13 +31,18 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
 def test_autoscale_adds_a_replica_under_load_and_removes_it_after(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
+    scale_up_and_down(tiny_models["alpha"], tmp_path, ())
+
+
+def scale_up_and_down(model: Path, tmp_path: Path, extra: tuple[str, ...]) -> None:
+    """Load starts a second replica, which serves; idle, it is drained and removed."""
     args = serve_args(
-        f"alpha={tiny_models['alpha']}",
+        f"alpha={model}",
         extra=(
             "--max-num-seqs", "2", "--autoscale", "1:2",
             "--autoscale-replica-tokens-per-s", "20",  # the tiny model makes far more
             "--autoscale-interval-s", "0.5", "--autoscale-start-s", "0",
-            "--autoscale-horizon-s", "1", "--autoscale-cooldown-s", "2",
+            "--autoscale-horizon-s", "1", "--autoscale-cooldown-s", "2", *extra,
         ),
     )  # fmt: skip
     with running(args, tmp_path) as server:
