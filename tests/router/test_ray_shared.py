@@ -1,22 +1,26 @@
 """Two `headrace serve` front ends sharing one set of Ray replicas (`--ray-namespace`): named,
 detached actors that the first creates and the second attaches to. Both answer with the same
 greedy text; a replica that dies is recreated once, not once per front end; a front end that
-stops leaves the replicas to the other; `headrace ray-down` removes them. On a one-node Ray
-cluster on 127.0.0.1, in a private network namespace (`netns`)."""
+stops leaves the replicas to the other; `headrace ray-down` removes them; a tenant's token
+limit holds across both front ends. On a one-node Ray cluster on 127.0.0.1, in a private
+network namespace (`netns`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from api.helpers import Server, start_server
+from api.helpers import Server, start_server, write_tenants
 
 from router.conftest import routed, running, serve_args
 from router.test_ray import LOOPBACK, recreated, texts, wait_for
@@ -98,3 +102,55 @@ def test_two_front_ends_share_one_set_of_replicas(
         assert live_replicas(cluster) == after  # detached: they outlive every front end
         assert ray_down(cluster).split() == ["removed", NAMES[0], "removed", NAMES[1]]
         wait_for(lambda: not live_replicas(cluster), 30, "the replicas to be removed")
+
+
+TPM = 400  # tokens per minute of tenant acme, shared by both front ends
+KEY = "acme-key"
+
+
+def limited_args(model: Path, cluster: Any, tenants: Path) -> list[str]:
+    return serve_args(
+        f"alpha={model}:1",
+        extra=("--ray-address", cluster.address, "--ray-namespace", NAMESPACE,
+               "--num-threads", "1", "--tenants", str(tenants)),
+    )  # fmt: skip
+
+
+def spend(urls: list[str], seconds: float) -> tuple[dict[str, int], int]:
+    """Send requests of 20 tokens by turns to each front end for `seconds`: (requests
+    admitted by each, tokens used in all)."""
+    admitted = dict.fromkeys(urls, 0)
+    used = 0
+    headers = {"Authorization": f"Bearer {KEY}"}
+    deadline = time.monotonic() + seconds
+    with httpx.Client(headers=headers, timeout=30) as client:
+        while time.monotonic() < deadline:
+            for url in urls:
+                b = {"model": "alpha", "prompt": "w5 w6 w7", "max_tokens": 16,
+                     "temperature": 0, "ignore_eos": True}  # fmt: skip
+                r = client.post(url + "/v1/generate", json=b)
+                assert r.status_code in (200, 429), r.text
+                if r.status_code == 200:
+                    admitted[url] += 1
+                    usage = r.json()["usage"]
+                    used += usage["prompt_tokens"] + usage["completion_tokens"]
+            time.sleep(0.02)
+    return admitted, used
+
+
+def test_a_tenants_limit_holds_across_front_ends(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    digest = hashlib.sha256(KEY.encode()).hexdigest()
+    acme = f"  acme:\n    api_key_sha256: [{digest}]\n    tokens_per_minute: {TPM}\n"
+    tenants = write_tenants(tmp_path, "tenants:\n" + acme)
+    with one_node() as cluster:
+        args = limited_args(tiny_models["alpha"], cluster, tenants)
+        with running(args, tmp_path) as first, running(args, tmp_path) as second:
+            t0 = time.monotonic()
+            admitted, used = spend([first.url, second.url], 4.0)
+            refill = TPM / 60 * (time.monotonic() - t0)
+        ray_down(cluster)
+    # Each alone would let TPM through: together, not much more than TPM.
+    assert used <= TPM + refill + 20, (used, admitted)
+    assert used >= TPM * 3 // 4 and min(admitted.values()) >= 3, (used, admitted)
