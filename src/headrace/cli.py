@@ -17,6 +17,7 @@ COMMANDS = {
     "export": "write the converted model as a Hugging Face directory",
     "bench": "load-test an OpenAI-compatible server",
     "plan": "size a replica pool from measured throughput",
+    "ray-down": "remove the Ray replicas that front ends share (--ray-namespace)",
 }
 
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _module(cmd: str) -> ModuleType:
-    return importlib.import_module(f"headrace.commands.{cmd}")
+    return importlib.import_module(f"headrace.commands.{cmd.replace('-', '_')}")
 
 
 if __name__ == "__main__":

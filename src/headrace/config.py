@@ -168,6 +168,10 @@ class RouterConfig:
         None, "replicas as actors on a Ray cluster: auto | ray://HOST:PORT | HOST:PORT | local "
         "(a private single-node Ray); needs headrace[ray] (docs/scale-out.md)",
     )  # fmt: skip
+    ray_namespace: str | None = _f(
+        None, "with --ray-address: replicas are named, detached actors in this Ray namespace, "
+        "shared by every front end started with the same one; `headrace ray-down` removes them",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.replicas < 0 or self.long_replicas < 0:
@@ -188,6 +192,8 @@ class RouterConfig:
             raise ValueError("replica_read_timeout_s must be positive")
         if self.max_resumes < 0 or not self.resume_wait_s >= 0:
             raise ValueError("max_resumes and resume_wait_s must not be negative")
+        if self.ray_namespace is not None and self.ray_address is None:
+            raise ValueError("--ray-namespace needs --ray-address")
 
 
 @dataclass(frozen=True)

@@ -57,11 +57,14 @@ class FakeActor:
         self.pulls: asyncio.Queue[Pulled | Exception] = asyncio.Queue()
         self.submitted: list[str] = []
         self.cancelled: list[str] = []
+        self.released: list[str] = []
+        self.closed = False
         self.submit = Method(self._submit)
         self.cancel = Method(self._cancel)
         self.abort = Method(self._cancel)
         self.pull = Method(self._pull)
         self.close = Method(self._close)
+        self.release = Method(self._release)
 
     async def _submit(self, request_id: str, *_: Any) -> None:
         self.submitted.append(request_id)
@@ -69,14 +72,17 @@ class FakeActor:
     async def _cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
 
-    async def _pull(self, wait_s: float) -> Pulled:
+    async def _pull(self, wait_s: float, client: str) -> Pulled:
         item = await self.pulls.get()
         if isinstance(item, Exception):
             raise item
         return item
 
     async def _close(self) -> None:
-        pass
+        self.closed = True
+
+    async def _release(self, client: str) -> None:
+        self.released.append(client)
 
 
 def chunk(rid: str, token: int, done: bool = False) -> GenerationChunk:
@@ -84,11 +90,11 @@ def chunk(rid: str, token: int, done: bool = False) -> GenerationChunk:
     return GenerationChunk(rid, f" w{token}", [token], reason)
 
 
-async def started() -> tuple[RayEngine, FakeActor]:
+async def started(shared: bool = False) -> tuple[RayEngine, FakeActor]:
     actor = FakeActor()
     ready = ReplicaReady("tiny", 64, tokenizer=None, node_id="n" * 16, node_ip="127.0.0.1")
     actor.start = Method(lambda: _value(ready))  # type: ignore[attr-defined]
-    return await RayEngine.start(actor), actor
+    return await RayEngine.start(actor, shared), actor
 
 
 async def _value(value: Any) -> Any:
@@ -165,5 +171,19 @@ def test_a_dead_actor_or_core_ends_every_stream_and_takes_the_replica_down(
         late = await collect(engine, "late")  # routed here before the router noticed
         assert [c.finish_reason for c in late] == [FinishReason.ERROR]
         await engine.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("failed", [False, True])
+def test_a_shared_replica_is_left_running_unless_it_failed(failed: bool) -> None:
+    async def run() -> None:
+        engine, actor = await started(shared=True)
+        if failed:
+            await actor.pulls.put(Pulled([], None, "its engine core is gone"))
+            await asyncio.sleep(0.01)
+        await engine.close()
+        assert actor.closed is failed  # a failed one is stopped (and killed)
+        assert len(actor.released) == (0 if failed else 1)  # a healthy one: only ours cancelled
 
     asyncio.run(run())

@@ -100,6 +100,7 @@ def serve(
         )
     outcome: dict[str, BaseException] = {}
     server: _Server | None = None
+    background: list[asyncio.Task[None]] = []  # held here: the loop keeps weak references
 
     async def load() -> Mapping[str, Any]:
         t0 = time.monotonic()
@@ -119,6 +120,8 @@ def serve(
             raise
         finally:
             ticker.cancel()
+        if config.router.ray_namespace is not None:
+            background.append(await _share_limits(state))
         # What is loaded by now lives as long as the server: keep it out of the collector's
         # scans. A full collection over it took 120-140 ms on the event loop, mid-burst.
         gc.collect()
@@ -156,6 +159,23 @@ def serve(
         log.error("model failed to load: %s", outcome["error"])
         return 1
     return 0
+
+
+async def _share_limits(state: AppState) -> asyncio.Task[None]:
+    """Front ends of one Ray namespace share each tenant's limits (gateway/shared_limits.py);
+    the leases go back when the server stops."""
+    from headrace.gateway.gateway import TenantGateway
+    from headrace.gateway.shared_limits import SharedLimits
+
+    gateway = state.gateway
+    shared = await SharedLimits.start(gateway) if isinstance(gateway, TenantGateway) else None
+
+    async def close_on_shutdown() -> None:
+        await state.shutdown.wait()
+        if shared is not None:
+            await shared.close()
+
+    return asyncio.create_task(close_on_shutdown(), name="headrace-shared-limits-close")
 
 
 async def _tick(what: str, t0: float, every_s: float = 5.0) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from headrace.gateway.errors import duration, rate_limited
 
@@ -16,6 +17,19 @@ Clock = Callable[[], float]
 
 # Weight of a new request's duration in the running average used for concurrency Retry-After.
 _DURATION_EMA = 0.2
+
+
+class Bucket(Protocol):
+    """A tenant's tokens: its own `TokenBucket`, or a lease of one that front ends share
+    (`gateway.lease.Lease`)."""
+
+    capacity: float
+
+    def level(self) -> float: ...
+    def wait_for(self, n: float) -> float: ...
+    def take(self, n: float) -> None: ...
+    def give(self, n: float) -> None: ...
+    def reset_in(self) -> float: ...
 
 
 class TokenBucket:
@@ -68,7 +82,11 @@ class TenantLimiter:
         self.clock = clock
         self.tokens_per_minute = tokens_per_minute
         self.max_concurrent = max_concurrent
-        self.bucket = TokenBucket(tokens_per_minute, clock) if tokens_per_minute else None
+        self.bucket: Bucket | None = None
+        if tokens_per_minute:
+            self.bucket = TokenBucket(tokens_per_minute, clock)
+        # how many may be in flight now: a lease of a shared limit replaces it
+        self.concurrency_cap: Callable[[], int | None] = lambda: max_concurrent
         self.in_flight: dict[int, float] = {}  # ticket -> admission time
         self.avg_duration_s: float | None = None
 
@@ -129,7 +147,8 @@ class TenantLimiter:
         }
 
     def _check_concurrency(self) -> None:
-        if self.max_concurrent is None or len(self.in_flight) < self.max_concurrent:
+        cap = self.concurrency_cap()
+        if cap is None or len(self.in_flight) < cap:
             return
         wait = self._concurrency_wait()
         raise rate_limited(

@@ -99,7 +99,7 @@ async def start_deployment(
     if router_cfg.ray_address is not None:  # CPUs each actor declares: 1 unless said
         from headrace.router.ray_cluster import connect
 
-        await connect(router_cfg.ray_address)
+        await connect(router_cfg.ray_address, router_cfg.ray_namespace)
         threads = model_cfg.num_threads or 1
     plans: list[tuple[str, str, str, Starter]] = []  # model, replica name, pool, starter
     starters: dict[str, Starter] = {}
@@ -107,12 +107,16 @@ async def start_deployment(
         cfg = dataclasses.replace(
             model_cfg, model=spec.model, served_model_name=spec.name, num_threads=threads
         )
-        starter = starters[spec.name] = _starter(
-            cfg, cache_cfg, sched_cfg, spec.name, router_cfg.ray_address
-        )
-        plans += [(spec.name, f"{spec.name}/{i}", "main", starter) for i in range(spec.replicas)]
-        if spec.replicas:
-            plans += [(spec.name, f"{spec.name}/long-{i}", "long", starter) for i in range(long_n)]
+        # the autoscaler's replicas are never shared by name
+        starters[spec.name] = _starter(cfg, cache_cfg, sched_cfg, spec.name, router_cfg.ray_address)
+        names = [(f"{spec.name}/{i}", "main") for i in range(spec.replicas)]
+        names += [(f"{spec.name}/long-{i}", "long") for i in range(long_n if spec.replicas else 0)]
+        for name, pool in names:
+            actor_name = name if router_cfg.ray_namespace is not None else None  # shared
+            starter = _starter(
+                cfg, cache_cfg, sched_cfg, spec.name, router_cfg.ray_address, actor_name
+            )
+            plans.append((spec.name, name, pool, starter))
     started = await _gather([p[3]() for p in plans])
     replicas: dict[str, list[Replica]] = {s.name: [] for s in specs}
     for (model, name, pool, starter), engine in zip(plans, started, strict=True):
@@ -142,11 +146,12 @@ def _starter(
     sched_cfg: SchedulerConfig,
     name: str,
     ray_address: str | None = None,
+    actor_name: str | None = None,
 ) -> Starter:
     if ray_address is not None:  # Ray is an optional extra: imported only when asked for
         from headrace.router.ray_cluster import ray_starter
 
-        starter: Starter = ray_starter(model_cfg, cache_cfg, sched_cfg, name)
+        starter: Starter = ray_starter(model_cfg, cache_cfg, sched_cfg, name, actor_name)
         return starter
 
     async def start() -> EngineClient:

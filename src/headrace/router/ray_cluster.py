@@ -7,6 +7,12 @@ it). Each replica asks for `--num-threads` CPUs (default 1; also its torch threa
 CUDA (`--device cuda`, or `auto` when the cluster has GPUs), one GPU; actors of one deployment
 are spread over the nodes. Failed replicas are replaced by our supervisor, not by Ray's actor
 restarts (`max_restarts=0`): one restart path, with backoff, for local and Ray replicas alike.
+
+With `--ray-namespace NS` every replica is a named, detached actor, `headrace/MODEL/INDEX` in
+namespace NS, created with get-if-exists semantics: the first front end creates it, any other
+(or the same one after a restart) attaches to it; after a failure the first supervisor to
+start it again creates the new one and the others attach to that. Detached actors outlive
+their front ends: `headrace ray-down` removes them.
 """
 
 from __future__ import annotations
@@ -21,15 +27,16 @@ from typing import Any
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.client import EngineClient
-from headrace.router.ray_actor import ReplicaActor
+from headrace.router.ray_actor import ReplicaActor, settings_of
 from headrace.router.ray_replica import RayEngine
 
 log = logging.getLogger("headrace.router")
 
 LOOPBACK = "127.0.0.1"
+ACTOR_PREFIX = "headrace/"
 
 
-async def connect(address: str) -> None:
+async def connect(address: str, namespace: str | None = None) -> None:
     """Join (or, for `local`, start) the Ray cluster; once per process."""
     # Read when Ray is first imported. Ray's native crash handler would take SIGTERM from
     # uvicorn's and abort the process instead of stopping it cleanly.
@@ -42,16 +49,18 @@ async def connect(address: str) -> None:
 
     if ray.is_initialized():
         return
-    await asyncio.to_thread(ray.init, **init_kwargs(address))
+    await asyncio.to_thread(ray.init, **init_kwargs(address, namespace))
     resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
     log.warning("joined Ray at %s: %s", address, resources)
 
 
-def init_kwargs(address: str) -> dict[str, Any]:
+def init_kwargs(address: str, namespace: str | None = None) -> dict[str, Any]:
     """`ray.init` arguments. A cluster on this machine's loopback (and `local`) keeps every
     address on 127.0.0.1, so Ray advertises no outside interface. A Ray Client (`ray://`)
     runs no node here: its server on the cluster has the driver."""
     kwargs: dict[str, Any] = {"address": address}
+    if namespace is not None:
+        kwargs["namespace"] = namespace
     if address == "local":  # small objects only (token ids, text, stats)
         kwargs.update(include_dashboard=False, object_store_memory=256 << 20)
     if address == "local" or _is_loopback(address):
@@ -91,26 +100,38 @@ def ray_starter(
     cache_config: CacheConfig,
     scheduler_config: SchedulerConfig,
     served_model_name: str,
+    actor_name: str | None = None,
 ) -> Any:
-    """A `router.replica.Starter` that creates the replica as a new Ray actor each time."""
+    """A `router.replica.Starter` that creates the replica as a new Ray actor each time; with
+    `actor_name` (replicas shared through a namespace), gets the live actor of that name if
+    there is one, else creates it, detached."""
     import ray
 
     resources = replica_resources(model_config)
     if model_config.device == "auto":  # decided here, with the GPU it declares
         device = "cuda" if resources["num_gpus"] else "cpu"
         model_config = dataclasses.replace(model_config, device=device)
+    named = {} if actor_name is None else _named(actor_name)
     actor_class = ray.remote(ReplicaActor).options(
-        **resources, max_restarts=0, max_concurrency=10_000, scheduling_strategy="SPREAD"
-    )
+        **resources, max_restarts=0, max_concurrency=10_000, scheduling_strategy="SPREAD",
+        **named,
+    )  # fmt: skip
+    configs = (model_config, cache_config, scheduler_config)
 
     async def start() -> EngineClient:
-        configs = (model_config, cache_config, scheduler_config)
-        actor: Any = actor_class.remote(*configs, served_model_name)
+        # get-if-exists looks the name up in the GCS: a blocking call, off the event loop
+        actor: Any = await asyncio.to_thread(actor_class.remote, *configs, served_model_name)
         try:
-            engine = await RayEngine.start(actor)
-        except BaseException:  # never left pending or half started
+            engine = await RayEngine.start(actor, shared=actor_name is not None)
+        except Exception:  # its start failed: of no use to anyone
             ray.kill(actor, no_restart=True)
             raise
+        except BaseException:  # never left pending or half started; a shared one, to others
+            if actor_name is None:
+                ray.kill(actor, no_restart=True)
+            raise
+        if actor_name is not None:
+            await _check_settings(engine, settings_of(*configs, served_model_name), actor_name)
         log.warning(
             "replica of %s started on Ray node %s (%s)",
             served_model_name, engine.ready.node_ip, engine.ready.node_id[:12],
@@ -118,3 +139,34 @@ def ray_starter(
         return engine
 
     return start
+
+
+def _named(actor_name: str) -> dict[str, Any]:
+    return {"name": ACTOR_PREFIX + actor_name, "lifetime": "detached", "get_if_exists": True}
+
+
+async def _check_settings(engine: RayEngine, expected: str, actor_name: str) -> None:
+    """An existing actor of that name must run what this front end would have started; if it
+    does not, it is left to whoever started it."""
+    if engine.ready.settings != expected:
+        await engine.close()
+        raise RuntimeError(
+            f"the Ray actor {ACTOR_PREFIX}{actor_name} runs other settings than this front end's "
+            f"(model, cache or scheduler flags); remove it with `headrace ray-down` or use "
+            f"another --ray-namespace.\n  it runs: {engine.ready.settings}\n  here:    {expected}"
+        )
+
+
+async def remove_shared(address: str, namespace: str) -> list[str]:
+    """Kill every replica actor of namespace `namespace` (`headrace ray-down`); their names."""
+    import ray
+
+    await connect(address, namespace)
+    named = await asyncio.to_thread(ray.util.list_named_actors)  # this namespace's
+    names = sorted(n for n in named if n.startswith(ACTOR_PREFIX))
+    for name in names:
+        try:
+            ray.kill(ray.get_actor(name), no_restart=True)
+        except ValueError:  # gone meanwhile
+            continue
+    return names

@@ -10,6 +10,11 @@ A Ray error on any call (the actor died, its node left the cluster) makes the re
 at once and ends every open stream with an error chunk: the router takes it out of rotation and
 sends the requests that had not streamed anything to another replica. The supervisor then
 closes it (killing the actor, if it still lives) and starts a new one wherever Ray finds room.
+
+A shared replica (a named actor other front ends use too, `--ray-namespace`) is left running
+when this front end closes it in good health: only its own requests are cancelled there. One
+that failed, or has not answered for `STALE_S` (a hung actor the supervisor gave up on), is
+killed as before, so that the next start (ours or another front end's) creates a fresh one.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
+import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from typing import Any
@@ -34,16 +41,20 @@ PULL_WAIT_S = 0.5  # as an idle local core's stats interval
 # "feed": one streaming generator of batches per replica instead of a task per batch (measured
 # no better: docs/scale-out.md)
 TRANSPORT_ENV = "HEADRACE_RAY_TRANSPORT"
+STALE_S = 5.0  # ten pulls unanswered: a shared actor this quiet is killed, not left to others
 
 _Item = GenerationChunk | Refusal
 
 
 class RayEngine:
-    """Use `await RayEngine.start(actor)` with a freshly created actor handle."""
+    """Use `await RayEngine.start(actor)` with a freshly created (or a shared) actor handle."""
 
-    def __init__(self, actor: Any, ready: ReplicaReady) -> None:
+    def __init__(self, actor: Any, ready: ReplicaReady, shared: bool = False) -> None:
         self._actor = actor
         self.ready = ready
+        self.shared = shared
+        self._client = uuid.uuid4().hex[:12]  # this front end, to the actor
+        self._answered_at = time.monotonic()
         self._streams: dict[str, asyncio.Queue[_Item]] = {}
         self._stats = StepStats()
         self._failure: str | None = None
@@ -51,10 +62,10 @@ class RayEngine:
         self._puller: asyncio.Task[None] | None = None
 
     @classmethod
-    async def start(cls, actor: Any) -> RayEngine:
+    async def start(cls, actor: Any, shared: bool = False) -> RayEngine:
         """Wait for the actor's model to load (however long Ray takes to place it)."""
         ready: ReplicaReady = await actor.start.remote()
-        engine = cls(actor, ready)
+        engine = cls(actor, ready, shared)
         engine._puller = asyncio.create_task(engine._pull_loop(), name="headrace-ray-pull")
         return engine
 
@@ -106,7 +117,7 @@ class RayEngine:
         opts = time_left(options or GenerateOptions())  # another machine's clock
         finished = False
         try:
-            ref = self._actor.submit.remote(request_id, list(ids), params, opts)
+            ref = self._actor.submit.remote(request_id, list(ids), params, opts, self._client)
             self._on_failure(ref.future())
             while not finished:
                 item = await queue.get()
@@ -134,7 +145,14 @@ class RayEngine:
             self._puller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._puller
-        await _stop_actor(self._actor)
+        if self.shared and self._failure is None and not self._stale():
+            await _leave_actor(self._actor, self._client)
+            log.info("left the shared Ray replica on %s running", self.ready.node_ip)
+        else:
+            await _stop_actor(self._actor)
+
+    def _stale(self) -> bool:
+        return time.monotonic() - self._answered_at > STALE_S
 
     # -- receiving --------------------------------------------------------------------------
 
@@ -153,13 +171,15 @@ class RayEngine:
 
     async def _pulls(self) -> AsyncIterator[Pulled]:
         if os.environ.get(TRANSPORT_ENV) == "feed":  # the A/B of bench/ray_overhead.py
-            async for ref in self._actor.feed.options(num_returns="streaming").remote(PULL_WAIT_S):
+            feed = self._actor.feed.options(num_returns="streaming")
+            async for ref in feed.remote(PULL_WAIT_S, self._client):
                 yield await ref
             return
         while True:
-            yield await self._actor.pull.remote(PULL_WAIT_S)
+            yield await self._actor.pull.remote(PULL_WAIT_S, self._client)
 
     def _take(self, pulled: Pulled) -> None:
+        self._answered_at = time.monotonic()
         if pulled.stats is not None:
             self._stats = pulled.stats
         for item in pulled.items:
@@ -192,6 +212,12 @@ class RayEngine:
     def _fire(self, ref: Any) -> None:
         """A call whose answer no one waits for; its failure is the pull loop's to notice."""
         ref.future().add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+async def _leave_actor(actor: Any, client: str) -> None:
+    """Cancel this front end's requests in a shared actor and leave it running."""
+    with contextlib.suppress(Exception):  # gone meanwhile: then nothing is left to cancel
+        await asyncio.wait_for(actor.release.remote(client), 10.0)
 
 
 async def _stop_actor(actor: Any) -> None:
