@@ -3,7 +3,8 @@ and helpers to run `headrace serve` with several replicas and read its state."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -62,3 +63,11 @@ def routed(url: str, model: str) -> dict[str, int]:
 def prompt(n: int, start: int = 5) -> str:
     """`n` words of the tiny word-level vocabulary (plus BOS when tokenized)."""
     return " ".join(f"w{start + i % 400}" for i in range(n))
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `check` until it holds; fail saying `what` did not happen within `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

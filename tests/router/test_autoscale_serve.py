@@ -5,27 +5,18 @@ and stops it again."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from router.conftest import prompt, running, serve_args
+from router.conftest import prompt, running, serve_args, wait_for
 
 
 def model_stats(url: str) -> dict[str, Any]:
     stats: dict[str, Any] = httpx.get(url + "/v1/stats", timeout=10).json()["models"]["alpha"]
     return stats
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_autoscale_adds_a_replica_under_load_and_removes_it_after(

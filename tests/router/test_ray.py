@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import httpx
 import pytest
 from api.helpers import Server
 
-from router.conftest import prompt, replicas, running, serve_args
+from router.conftest import prompt, replicas, running, serve_args, wait_for
 
 pytestmark = pytest.mark.netns
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils")
@@ -74,13 +73,6 @@ def texts(url: str) -> list[str]:
         return [a.json()["text"] for a in answers]
 
     return asyncio.run(run())
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_one_replica_per_node_with_the_local_replicas_output(

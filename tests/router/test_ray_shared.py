@@ -22,8 +22,8 @@ import httpx
 import pytest
 from api.helpers import Server, start_server, write_tenants
 
-from router.conftest import routed, running, serve_args
-from router.test_ray import LOOPBACK, recreated, texts, wait_for
+from router.conftest import routed, running, serve_args, wait_for
+from router.test_ray import LOOPBACK, recreated, texts
 
 pytestmark = pytest.mark.netns
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils")

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from api.helpers import Server
 
-from router.conftest import prompt, replicas, running, serve_args
+from router.conftest import prompt, replicas, running, serve_args, wait_for
 
 READ_TIMEOUT_S = 3.0
 MAX_TOKENS = 480  # a stream that is still going when the remote stops
@@ -43,13 +43,6 @@ def front(remote: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def remote_state(front: Server) -> str:
     state: str = replicas(front.url, "alpha")[0]["state"]
     return state
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_the_open_replica_api_is_announced(remote: Server) -> None:

@@ -10,7 +10,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import httpx
 import pytest
 from api.helpers import Server
 
-from router.conftest import prompt, replicas, routed, running, serve_args
+from router.conftest import prompt, replicas, routed, running, serve_args, wait_for
 
 STALL_S = 3.0
 
@@ -42,13 +42,6 @@ def body(
         "model": "alpha", "prompt": prompt(words, start), "max_tokens": max_tokens,
         "temperature": 0, "ignore_eos": True, "stream": stream,
     }  # fmt: skip
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 async def one(client: httpx.AsyncClient, b: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
