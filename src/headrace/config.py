@@ -64,7 +64,7 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_batched_tokens: int = _f(2048, "token budget of one model step")
+    max_num_batched_tokens: int = _f(512, "token budget of one model step")
     max_num_seqs: int = _f(64, "most requests running at once")
     policy: str = _f("continuous", "continuous | static (for comparison)")
     static_batch_size: int = _f(16, "static policy: requests per batch")
