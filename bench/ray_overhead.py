@@ -23,10 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,10 +32,9 @@ from typing import Any
 
 import httpx
 
-from headrace.bench import BenchError
 from headrace.bench.client import Target
 from headrace.bench.loadgen import Bounds, LevelRun, run_level
-from headrace.bench.local import free_port, wait_healthy
+from headrace.bench.local import serving
 from headrace.bench.stats import percentile
 from headrace.bench.workloads import Workload
 
@@ -85,31 +81,14 @@ def two_nodes() -> Iterator[Any]:
 def server(
     args: argparse.Namespace, workdir: Path, *flags: str, env: dict[str, str] | None = None
 ) -> Iterator[str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "headrace.cli", "serve", "--port", str(port),
-           "--replicas", "2", "--num-threads", "1", "--log-level", "warning", *flags,
-           *args.server_arg]  # fmt: skip
+    flags_ = [
+        "--replicas", "2", "--num-threads", "1", "--log-level", "warning",
+        *flags, *args.server_arg,
+    ]  # fmt: skip
     if args.model:
-        cmd += ["--model", args.model]
-    log_path = workdir / f"serve-{port}.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
-    url = f"http://{LOOPBACK}:{port}"
-    try:
-        try:
-            wait_healthy(url, proc, log=log_path)
-        except BenchError as exc:
-            raise SystemExit(f"server did not start ({exc}):\n{log_path.read_text()}") from None
+        flags_ += ["--model", args.model]
+    with serving(flags_, workdir, env) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def fixed(args: argparse.Namespace, seed: int) -> Workload:

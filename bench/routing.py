@@ -24,9 +24,6 @@ import asyncio
 import contextlib
 import json
 import random
-import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,10 +32,9 @@ from typing import Any
 
 import httpx
 
-from headrace.bench import BenchError
 from headrace.bench.client import Target
 from headrace.bench.loadgen import Bounds, LevelRun, run_level
-from headrace.bench.local import free_port, wait_healthy
+from headrace.bench.local import serving
 from headrace.bench.stats import RequestResult, percentile
 from headrace.bench.workloads import Workload
 
@@ -97,29 +93,14 @@ def workload(args: argparse.Namespace, seed: int) -> Skewed:
 @contextlib.contextmanager
 def server(args: argparse.Namespace, workdir: Path, *flags: str) -> Iterator[str]:
     """`headrace serve` with `flags`, until the block ends; yields its URL."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "headrace.cli", "serve", "--port", str(port),
-           "--max-num-seqs", str(args.max_num_seqs), "--log-level", "warning", *flags,
-           *args.server_arg]  # fmt: skip
+    flags_ = [
+        "--max-num-seqs", str(args.max_num_seqs), "--log-level", "warning",
+        *flags, *args.server_arg,
+    ]  # fmt: skip
     if args.model:
-        cmd += ["--model", args.model]
-    log_path = workdir / f"serve-{port}.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            wait_healthy(url, proc, log=log_path)
-        except BenchError as exc:
-            raise SystemExit(f"server did not start ({exc}):\n{log_path.read_text()}") from None
+        flags_ += ["--model", args.model]
+    with serving(flags_, workdir) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def routed(url: str) -> dict[str, int]:

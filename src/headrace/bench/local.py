@@ -1,11 +1,16 @@
-"""Servers the bench scripts start on this machine: a free loopback port, and waiting until a
-started server answers `/health` (or says why it never will)."""
+"""Servers the bench scripts start on this machine: a free loopback port, waiting until a
+started server answers `/health` (or says why it never will), and a server for a block."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -36,3 +41,30 @@ def wait_healthy(
             pass
         time.sleep(0.2)
     raise BenchError(f"server not healthy after {timeout:.0f} s{where}")
+
+
+@contextlib.contextmanager
+def serving(flags: list[str], workdir: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`headrace serve --port P *flags` until the block ends (SIGTERM, then kill); yields its
+    URL. Its log goes to `workdir`; a server that never gets healthy ends the script with it."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "headrace.cli", "serve", "--port", str(port), *flags]
+    log_path = workdir / f"serve-{port}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_healthy(url, proc, log=log_path)
+        except BenchError as exc:
+            raise SystemExit(f"server did not start ({exc}):\n{log_path.read_text()}") from None
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
