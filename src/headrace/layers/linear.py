@@ -19,6 +19,7 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 PACK_BATCH_HINT = 32  # oneDNN picks the layout for about this many rows; any count works
+_NO_BUCKET = bool(os.environ.get("HEADRACE_NO_BUCKET"))
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
@@ -45,8 +46,28 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
     return packed
 
 
+def bucket_rows(rows: int) -> int:
+    """`rows` rounded up to one of 16 sizes per power of two (exact up to 32).
+
+    oneDNN builds a primitive for every input shape (about 15 ms each here) and keeps 1,024;
+    a server's steps have every token count from 1 to the budget, 4-5 weight shapes each, so
+    unbucketed they evict each other and nearly every step rebuilds its matmuls. Padding by at
+    most 1/16 bounds the shapes to about 110 per weight.
+    """
+    if rows <= 32:
+        return rows
+    grain = 1 << (rows.bit_length() - 5)
+    return -(-rows // grain) * grain
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    """x [T, in] -> [T, out] through oneDNN, computed on `bucket_rows(T)` rows."""
+    rows = x.shape[0]
+    padded = bucket_rows(rows) if x.dim() == 2 and not _NO_BUCKET else rows
+    if padded != rows:
+        x = F.pad(x, (0, 0, 0, padded - rows))
+    y = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return y if padded == rows else y[:rows]
 
 
 class MergedLinear(nn.Module):
