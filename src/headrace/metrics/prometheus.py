@@ -12,15 +12,14 @@ carry a `tier` label that the gateway fills in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from headrace.metrics.step_metrics import StepCollector
+from headrace.metrics.engine_collector import EngineCollector
 from headrace.metrics.timing import RequestTimer
 from headrace.metrics.tracing import RequestTracer
 from headrace.metrics.window import Finished, RequestWindow
@@ -69,7 +68,7 @@ class Metrics:
         self.generation_tokens = Counter(
             PREFIX + "generation_tokens", "Generated tokens.", ["model_name"], registry=r
         )
-        # The engine's own counters (EngineStatsCollector) are per model; these split the
+        # The engine's own counters (EngineCollector) are per model; these split the
         # first lookup of each started request by tier.
         self.tier_prefix_queries = Counter(
             PREFIX + "tier_prefix_cache_queries", "Prompt tokens of started requests, by tier.",
@@ -91,8 +90,7 @@ class Metrics:
 
     def watch_engines(self, engines: EngineSource) -> None:
         """Export the live gauges of the engines that `engines()` returns at each scrape."""
-        self.add_collector(EngineStatsCollector(engines))
-        self.add_collector(StepCollector(engines))
+        self.add_collector(EngineCollector(engines))
 
     def add_collector(self, collector: Collector) -> None:
         self.registry.register(collector)
@@ -149,55 +147,3 @@ def _finished(
     return Finished(
         timer.end or timer.start, model, tenant, tier, weight, timer.ttft, tpot, tokens, reason
     )
-
-
-class EngineStatsCollector(Collector):
-    """Gauges read from each engine's latest `StepStats` when Prometheus scrapes."""
-
-    def __init__(self, engines: EngineSource) -> None:
-        self.engines = engines
-
-    def describe(self) -> Iterable[Metric]:
-        return []  # the families depend on live engines; skip the registry's duplicate check
-
-    def collect(self) -> Iterable[Metric]:
-        labels = ["model_name"]
-        running = GaugeMetricFamily(
-            PREFIX + "num_requests_running", "Requests running.", labels=labels
-        )
-        waiting = GaugeMetricFamily(
-            PREFIX + "num_requests_waiting", "Requests waiting.", labels=labels
-        )
-        usage = GaugeMetricFamily(
-            PREFIX + "kv_cache_usage_perc", "KV-cache usage, 0 to 1.", labels=labels
-        )
-        used = GaugeMetricFamily(
-            PREFIX + "kv_cache_used_blocks", "KV-cache blocks in use.", labels=labels
-        )
-        total = GaugeMetricFamily(
-            PREFIX + "kv_cache_total_blocks", "KV-cache blocks.", labels=labels
-        )
-        preempt = CounterMetricFamily(PREFIX + "num_preemptions", "Preemptions.", labels=labels)
-        cached = GaugeMetricFamily(
-            PREFIX + "kv_cache_cached_blocks", "KV blocks findable by prefix.", labels=labels
-        )
-        queries = CounterMetricFamily(
-            PREFIX + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-            labels=labels,
-        )  # fmt: skip
-        hits = CounterMetricFamily(
-            PREFIX + "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-            labels=labels,
-        )  # fmt: skip
-        for name, engine in list(self.engines().items()):
-            s = engine.stats()
-            running.add_metric([name], s.num_running)
-            waiting.add_metric([name], s.num_waiting)
-            usage.add_metric([name], s.kv_usage)
-            used.add_metric([name], s.kv_blocks_used)
-            total.add_metric([name], s.kv_blocks_total)
-            preempt.add_metric([name], s.num_preemptions_total)
-            cached.add_metric([name], s.kv_blocks_cached)
-            queries.add_metric([name], s.prefix_cache_queries_total)
-            hits.add_metric([name], s.prefix_cache_hits_total)
-        return [running, waiting, usage, used, total, preempt, cached, queries, hits]

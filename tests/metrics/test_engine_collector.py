@@ -1,11 +1,14 @@
-"""The latest step's gauges and the computed-token counter, read from each engine at scrape."""
+"""The engine series (the latest step's gauges, the counters), read from each engine at scrape."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from fake_engine import FakeEngine
 from prometheus_client.parser import text_string_to_metric_families
 
 from headrace.engine.outputs import StepStats
+from headrace.metrics.engine_collector import COUNTER, ENGINE_SERIES, PREFIX
 from headrace.metrics.prometheus import Metrics
 
 
@@ -40,3 +43,14 @@ def test_each_model_reports_its_latest_step() -> None:
     assert s[("headrace:step_prefill_tokens", "b")] == 0
     a.step = StepStats(num_tokens_total=1200)  # read live, never cached
     assert scrape(metrics)[("headrace:tokens_computed_total", "a")] == 1200
+
+
+def test_every_engine_series_reads_its_own_stats_field() -> None:
+    names = [f.name for f in dataclasses.fields(StepStats) if f.type in ("int", "float")]
+    stats = StepStats(**{n: i + 2 for i, n in enumerate(names)})  # distinct per field
+    stats = dataclasses.replace(stats, kv_blocks_used=3, kv_blocks_total=8)  # usage 0.375
+    s = scrape(Metrics(lambda: {"m": Busy(stats)}))
+    for kind, name, _, field in ENGINE_SERIES:
+        sample = PREFIX + name + ("_total" if kind is COUNTER else "")
+        assert s[(sample, "m")] == getattr(stats, field), (name, field)
+    assert s[(PREFIX + "kv_cache_usage_perc", "m")] == 0.375

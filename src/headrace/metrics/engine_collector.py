@@ -1,0 +1,64 @@
+"""The engine gauges and counters, per model, read from each engine's latest `StepStats` when
+Prometheus scrapes, so they are never stale and cost the engine loop nothing.
+
+One table: (kind, name, help, the `StepStats` field). The step gauges (duration, prefill and
+decode tokens of the latest step) are what the dashboard and the Grafana panels draw; a scrape
+sees one step out of many, so they are gauges of the moment (vLLM's `iteration_tokens_total`
+is a histogram of every step, which the engine loop would have to feed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from headrace.engine.client import EngineClient
+
+PREFIX = "headrace:"
+GAUGE, COUNTER = GaugeMetricFamily, CounterMetricFamily
+Family = GaugeMetricFamily | CounterMetricFamily
+
+# Counters drop their `_total` here: prometheus-client appends it.
+ENGINE_SERIES: tuple[tuple[type[Family], str, str, str], ...] = (
+    (GAUGE, "num_requests_running", "Requests running.", "num_running"),
+    (GAUGE, "num_requests_waiting", "Requests waiting.", "num_waiting"),
+    (GAUGE, "kv_cache_usage_perc", "KV-cache usage, 0 to 1.", "kv_usage"),
+    (GAUGE, "kv_cache_used_blocks", "KV-cache blocks in use.", "kv_blocks_used"),
+    (GAUGE, "kv_cache_total_blocks", "KV-cache blocks.", "kv_blocks_total"),
+    (COUNTER, "num_preemptions", "Preemptions.", "num_preemptions_total"),
+    (GAUGE, "kv_cache_cached_blocks", "KV blocks findable by prefix.", "kv_blocks_cached"),
+    (COUNTER, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+     "prefix_cache_queries_total"),
+    (COUNTER, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+     "prefix_cache_hits_total"),
+    (GAUGE, "step_duration_seconds", "Duration of the latest engine step.", "step_duration"),
+    (GAUGE, "step_prefill_tokens", "Prompt tokens in the latest step's batch.",
+     "num_prefill_tokens"),
+    (GAUGE, "step_decode_tokens", "Generated tokens in the latest step's batch.",
+     "num_decode_tokens"),
+    (COUNTER, "tokens_computed", "Tokens computed (prefill + decode) since start.",
+     "num_tokens_total"),
+)  # fmt: skip
+
+
+class EngineCollector(Collector):
+    def __init__(self, engines: Callable[[], Mapping[str, EngineClient]]) -> None:
+        self.engines = engines
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the label sets follow the live engines; skip the registry's duplicate check
+
+    def collect(self) -> Iterable[Metric]:
+        families = [
+            (kind(PREFIX + name, help_text, labels=["model_name"]), field)
+            for kind, name, help_text, field in ENGINE_SERIES
+        ]
+        for name, engine in list(self.engines().items()):
+            stats = engine.stats()
+            for family, field in families:
+                family.add_metric([name], getattr(stats, field))
+        return [family for family, _ in families]
