@@ -57,7 +57,8 @@ async def measure(model: str | None, streams: int, tokens: int) -> tuple[float, 
 
     async def one(i: int) -> int:
         prompt = f"Request {i}: tell me about the history of the river and its mills."
-        return sum([len(c.token_ids) async for c in engine.generate(f"r{i}", prompt, params)])
+        ids = engine.tokenizer.encode(prompt)
+        return sum([len(c.token_ids) async for c in engine.generate(f"r{i}", ids, params)])
 
     try:
         await one(-1)  # warm up

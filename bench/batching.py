@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.engine_core import EngineCore, EngineCoreRequest, Runner
+from headrace.engine.engine_core import EngineCore, Runner
+from headrace.engine.messages import EngineCoreRequest
 from headrace.request import SamplingParams
 
 

@@ -111,7 +111,8 @@ def engine_runner(engine: AsyncEngine, max_tokens: int) -> Runner:
 
     async def one(i: int, prompt: str) -> int:
         tokens = 0
-        async for chunk in engine.generate(f"r{i}-{time.monotonic_ns()}", prompt, params):
+        ids = engine.tokenizer.encode(prompt)  # as the HTTP path does, in this process
+        async for chunk in engine.generate(f"r{i}-{time.monotonic_ns()}", ids, params):
             tokens = chunk.completion_tokens
         return tokens
 

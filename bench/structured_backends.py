@@ -115,8 +115,8 @@ def run_xgrammar(tok_json: str, ids: list[int], vocab: int, eos: list[int]) -> d
 
 def dump(path: Path) -> None:
     """The embedded Gemma's tokenizer as Hugging Face JSON, with its vocabulary size and EOS."""
-    from headrace.engine.model_runner import load_tokenizer
     from headrace.loader.cache import resolve_model
+    from headrace.loader.tokenizer import load_tokenizer
 
     model_dir, _ = resolve_model(None)
     tok = load_tokenizer(model_dir)

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
 from headrace.request import SamplingParams
 
 

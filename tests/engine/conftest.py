@@ -19,8 +19,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from headrace.config import SchedulerConfig
 from headrace.engine.block_manager import BlockManager
-from headrace.engine.engine_core import EngineCore, EngineCoreRequest
-from headrace.engine.outputs import RequestOutput, RunnerOutput, SchedulerOutput, StepStats
+from headrace.engine.engine_core import EngineCore
+from headrace.engine.messages import EngineCoreRequest, RequestOutput, StepStats
+from headrace.engine.outputs import RunnerOutput, SchedulerOutput
 from headrace.engine.scheduler import Scheduler
 from headrace.engine.waiting_queue import WaitingQueue
 from headrace.request import Request, SamplingParams
@@ -75,6 +76,9 @@ class FakeRunner:
         # A full block may outlive its request in the prefix cache: poisoned only when the
         # engine caches nothing.
         self.poison_full_blocks = poison_full_blocks
+
+    def describe(self) -> dict[str, str | int]:
+        return {"model": self.model_name, "device": "fake"}
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.steps.append(out)

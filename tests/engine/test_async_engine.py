@@ -21,13 +21,19 @@ async def _start(fake_runner, tokenizer, sched: SchedulerConfig | None = None, *
     runner = fake_runner(tokenizer=tokenizer, **runner_kw)
     engine = await AsyncEngine.start(
         ModelConfig(), CacheConfig(), sched or SchedulerConfig(),
-        in_process=True, runner_factory=lambda m, c: runner,
+        in_process=True, runner_factory=lambda m, c: runner, tokenizer=tokenizer,
     )  # fmt: skip
     return engine, runner
 
 
 async def _collect(engine, rid, prompt, params, options=None):
-    return [c async for c in engine.generate(rid, prompt, params, options)]
+    return [c async for c in _gen(engine, rid, prompt, params, options)]
+
+
+def _gen(engine, rid, prompt, params, options=None):
+    """The engine takes token ids: a text prompt is encoded with the engine's tokenizer."""
+    ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    return engine.generate(rid, ids, params, options)
 
 
 async def _until(cond, timeout=5.0):
@@ -39,7 +45,7 @@ async def _until(cond, timeout=5.0):
 
 def test_streams_equal_offline_generation_and_cut_stop_strings(fake_runner, fake_tokenizer):
     prompts = ["Hello world, the quick", "Stop strings are", "numbers 12345"]
-    offline = LLM(runner=fake_runner(tokenizer=fake_tokenizer)).generate(prompts, GREEDY)
+    offline = LLM(runner=fake_runner(), tokenizer=fake_tokenizer).generate(prompts, GREEDY)
 
     async def main():
         engine, _ = await _start(fake_runner, fake_tokenizer)
@@ -74,7 +80,7 @@ def test_closing_the_iterator_aborts_and_frees_blocks(fake_runner, fake_tokenize
         engine, runner = await _start(fake_runner, fake_tokenizer, step_delay_s=0.01)
         try:
             params = SamplingParams(max_tokens=200, ignore_eos=True)
-            gen = engine.generate("long", "Hello world", params)
+            gen = _gen(engine, "long", "Hello world", params)
             async for chunk in gen:
                 if chunk.completion_tokens >= 3:
                     break
@@ -103,7 +109,7 @@ def test_cancelling_the_consumer_task_aborts_the_request(fake_runner, fake_token
             got = asyncio.Event()
 
             async def consume():
-                gen = engine.generate("c", "Hello", SamplingParams(max_tokens=200, ignore_eos=True))
+                gen = _gen(engine, "c", "Hello", SamplingParams(max_tokens=200, ignore_eos=True))
                 async for _ in gen:
                     got.set()
 
@@ -124,12 +130,12 @@ def test_abort_timeout_and_refusal(fake_runner, fake_tokenizer):
         engine, _ = await _start(fake_runner, fake_tokenizer, step_delay_s=0.005)
         try:
             long = SamplingParams(max_tokens=200, ignore_eos=True)
-            gen = engine.generate("a", "Hello", long)
+            gen = _gen(engine, "a", "Hello", long)
             first = await anext(gen)
             await engine.abort("a")
             rest = [c async for c in gen]
             timed = await _collect(engine, "t", "Hello", long, GenerateOptions(timeout_s=0.05))
-            with pytest.raises(ValueError, match="context of 256 tokens"):
+            with pytest.raises(ValueError, match="maximum context length is 256 tokens"):
                 await _collect(engine, "big", "Hello", SamplingParams(max_tokens=1000))
             return first, rest, timed
         finally:
@@ -169,7 +175,7 @@ def test_stats_arrive_while_idle_and_close_ends_open_streams(fake_runner, fake_t
         idle = engine.stats()
         await asyncio.sleep(0.6)  # an idle core reports every 0.5 s
         assert engine.stats() is not idle and engine.stats().num_running == 0
-        gen = engine.generate("open", "Hello", SamplingParams(max_tokens=200, ignore_eos=True))
+        gen = _gen(engine, "open", "Hello", SamplingParams(max_tokens=200, ignore_eos=True))
         await anext(gen)
         await engine.close()
         rest = [c async for c in gen]

@@ -38,7 +38,13 @@ async def _drain(gen):
 
 
 async def _collect(engine, rid, prompt, params):
-    return [c async for c in engine.generate(rid, prompt, params)]
+    return [c async for c in _gen(engine, rid, prompt, params)]
+
+
+def _gen(engine, rid, prompt, params):
+    """The engine takes token ids: a text prompt is encoded with the engine's tokenizer."""
+    ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    return engine.generate(rid, ids, params)
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +63,14 @@ def test_process_engine_streams_cancels_and_shuts_down(tiny_model_dir, offline):
             runs = await asyncio.gather(
                 *(_collect(engine, f"r{i}", p, GREEDY) for i, p in enumerate(PROMPTS))
             )
-            gen = engine.generate("cancel-me", PROMPTS[0], LONG)
+            gen = _gen(engine, "cancel-me", PROMPTS[0], LONG)
             async for chunk in gen:
                 if chunk.completion_tokens >= 2:
                     break
             assert engine.stats().kv_blocks_used > 0
             await gen.aclose()
             freed = await _until(lambda: engine.stats().kv_blocks_used == 0, timeout=5.0)
-            with pytest.raises(ValueError, match="exceeds"):
+            with pytest.raises(ValueError, match="maximum context length"):
                 await _collect(engine, "huge", PROMPTS[0], SamplingParams(max_tokens=2000))
             # A token id the model does not have makes the runner raise inside the step.
             bad = await _collect(engine, "bad", [5, 10_000, 6], GREEDY)
@@ -90,7 +96,7 @@ def test_a_killed_core_ends_open_streams_with_an_error(tiny_model_dir):
     async def main():
         engine = await AsyncEngine.start(*_configs(tiny_model_dir))
         try:
-            gens = [engine.generate(f"s{i}", PROMPTS[i], LONG) for i in range(3)]
+            gens = [_gen(engine, f"s{i}", PROMPTS[i], LONG) for i in range(3)]
             for g in gens:
                 await anext(g)
             os.kill(engine.pid, signal.SIGKILL)

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 import pytest
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.engine_core import EngineCore, EngineCoreRequest
+from headrace.engine.engine_core import EngineCore
 from headrace.engine.llm import LLM
+from headrace.engine.messages import EngineCoreRequest
+from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import FinishReason, SamplingParams
 
 
@@ -34,7 +36,8 @@ class PoolView:
         self.block_size = runner.block_size
         self.max_model_len = runner.max_model_len
         self.eos_token_ids = runner.eos_token_ids
-        self.tokenizer = runner.tokenizer
+        self.model_name = runner.model_name
+        self.describe = runner.describe
 
     def execute(self, out):
         return self.runner.execute(out)
@@ -167,7 +170,7 @@ def test_aborts_in_every_phase_free_all_blocks_and_ids_are_reusable(runner):
 
 
 def test_seeded_sampling_reproduces_and_stop_strings_cut_exactly(runner):
-    llm = LLM(runner=runner)
+    llm = LLM(runner=runner, tokenizer=load_tokenizer(runner.model_dir))
     prompt = "The quick brown fox"
     sampled = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
     a = llm.generate([prompt, "Hello world"], [sampled, sampled])
@@ -195,7 +198,7 @@ def test_seeded_sampling_reproduces_and_stop_strings_cut_exactly(runner):
 def test_a_seeded_continuation_with_its_seed_offset_draws_the_rest_of_the_stream(runner):
     """What the router does after a replica died mid-stream: prompt plus the tokens sent,
     `seed_offset` moved on by them, gives the tokens the whole request would have given."""
-    llm = LLM(runner=runner)
+    llm = LLM(runner=runner, tokenizer=load_tokenizer(runner.model_dir))
     sampled = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=11, ignore_eos=True)
     whole = llm.generate("The quick brown fox", sampled)[0]
     k = 8

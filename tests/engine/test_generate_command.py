@@ -24,4 +24,4 @@ def test_generate_refuses_bad_settings(tiny_model_dir, capsys):
     assert "temperature must be >= 0" in capsys.readouterr().err
     args = ["generate", "--model", str(tiny_model_dir), "--prompt", "Hi", "--max-tokens", "5000"]
     assert main([*args, "--num-kv-blocks", "32"]) == 2
-    assert "exceeds the model's context of 512 tokens" in capsys.readouterr().err
+    assert "maximum context length is 512 tokens" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.model_runner import ModelRunner
 from headrace.engine.outputs import ScheduledRequest, SchedulerOutput
 from headrace.engine.runner_harness import RunnerHarness, greedy
+from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import SamplingParams
 
 PROMPT_LENGTHS = [1, 2, 7, 16, 17, 33, 50, 64]
@@ -56,7 +57,7 @@ def test_runner_interface(runner: ModelRunner) -> None:
     assert runner.vocab_size == VOCAB
     assert 2 in runner.eos_token_ids
     assert runner.model_name.startswith(("gemma3", "qwen2"))
-    assert runner.tokenizer.encode("w5 w6") == [5, 6]  # tokenizer.json adds no BOS
+    assert load_tokenizer(runner.model_dir).encode("w5 w6") == [5, 6]  # tokenizer.json adds no BOS
     assert runner.execute(SchedulerOutput([])).sampled == {}
 
 

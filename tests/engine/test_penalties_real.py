@@ -17,6 +17,7 @@ from headrace.engine import sampler as sampler_module
 from headrace.engine.llm import LLM, CompletionOutput
 from headrace.engine.model_runner import ModelRunner
 from headrace.engine.outputs import ScheduledRequest
+from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import FinishReason, SamplingParams
 
 PROMPTS = ["The quick brown fox", "Hello world, this", "numbers 12345 and", "Stop strings"]
@@ -33,7 +34,7 @@ def runner(tiny_model_dir: Path) -> ModelRunner:
 
 @pytest.fixture
 def llm(runner: ModelRunner) -> LLM:
-    return LLM(runner=runner)
+    return LLM(runner=runner, tokenizer=load_tokenizer(runner.model_dir))
 
 
 @dataclass

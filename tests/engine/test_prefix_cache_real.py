@@ -11,8 +11,9 @@ import torch
 from models.tiny import VOCAB, hf_greedy, make_tiny
 
 from headrace.config import CacheConfig, SchedulerConfig
-from headrace.engine.engine_core import EngineCore, EngineCoreRequest
-from headrace.engine.model_runner import ModelRunner, load_tokenizer
+from headrace.engine.engine_core import EngineCore
+from headrace.engine.messages import EngineCoreRequest
+from headrace.engine.model_runner import ModelRunner
 from headrace.loader.hf import load_model
 from headrace.request import SamplingParams
 
@@ -25,9 +26,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, ModelRunner]
     path: Path = tmp_path_factory.mktemp("gemma3-prefix")
     hf_model = make_tiny("gemma3", path)  # window 12: the cached prefixes below are longer
     model, _ = load_model(path, torch.float32, torch.device("cpu"), 512)
-    runner = ModelRunner.from_parts(
-        model, load_tokenizer(path), CacheConfig(block_size=4, num_kv_blocks=256)
-    )
+    runner = ModelRunner.from_parts(model, path, CacheConfig(block_size=4, num_kv_blocks=256))
     return hf_model, runner
 
 

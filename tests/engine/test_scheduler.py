@@ -112,9 +112,9 @@ def test_the_preempted_request_is_the_lowest_priority_latest_arrival(
 
 def test_a_request_that_can_never_fit_is_refused_with_the_limits(fake_engine, fake_runner):
     engine = fake_engine(runner=fake_runner(num_kv_blocks=8, block_size=4, max_model_len=64))
-    with pytest.raises(ValueError, match="context of 64 tokens"):
+    with pytest.raises(ValueError, match="maximum context length is 64 tokens"):
         engine.add("too-long", [5] * 60, max_tokens=8)
-    with pytest.raises(ValueError, match="KV cache's capacity of 32 tokens"):
+    with pytest.raises(ValueError, match="KV cache holds at most 32 tokens"):
         engine.add("too-big", [5] * 30, max_tokens=8)
     with pytest.raises(ValueError, match="empty"):
         engine.add("empty", [], max_tokens=8)

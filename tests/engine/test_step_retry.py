@@ -7,14 +7,15 @@ import math
 
 import pytest
 
-from headrace.engine.core_loop import AbortRequests, CoreOutputs, Shutdown, run_core_loop
-from headrace.engine.engine_core import EngineCoreRequest
-from headrace.engine.outputs import (
-    RunnerOutput,
-    ScheduledRequest,
-    SchedulerOutput,
+from headrace.engine.core_loop import run_core_loop
+from headrace.engine.messages import (
+    AbortRequests,
+    CoreOutputs,
+    EngineCoreRequest,
+    Shutdown,
     TokenLogprobs,
 )
+from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.step_retry import execute_isolating_failures
 from headrace.engine.waiting_queue import PriorityQueue
 from headrace.request import FinishReason, SamplingParams

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
 from headrace.gateway.base import GatewayError, Tenant
 from headrace.gateway.overload import LoadShedder
 

@@ -17,7 +17,7 @@ from gateway.shedding import (
     refused,
     with_deadline,
 )
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
 from headrace.gateway.base import Tenant
 from headrace.gateway.overload import LoadShedder
 

@@ -101,7 +101,7 @@ def test_metrics_by_tenant_and_tier(gw: TenantGateway) -> None:
 
 def test_build_and_connect(tenants_file: Path, tmp_path: Path) -> None:
     from headrace.config import GatewayConfig
-    from headrace.engine.outputs import StepStats
+    from headrace.engine.messages import StepStats
     from headrace.gateway.base import OpenGateway
     from headrace.gateway.setup import build_gateway, connect_gateway
     from headrace.gateway.tenants import TenantsFileError

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.shedding import BATCH, FREE, PAID, Stats, refused, with_deadline
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
 from headrace.gateway.overload import LoadShedder
 
 

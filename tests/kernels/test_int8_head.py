@@ -12,6 +12,7 @@ from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner_harness import GREEDY
 from headrace.engine.step_inputs import build_step_inputs
 from headrace.kernels.int8_head import Int8GreedyHead, supported
+from headrace.loader.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.skipif(
     not supported(torch.zeros(1, 64, dtype=torch.bfloat16)),
@@ -58,10 +59,11 @@ def test_real_gemma_head_and_hidden_states() -> None:
     runner = ModelRunner(ModelConfig(dtype="bfloat16", device="cpu"), CacheConfig(num_kv_blocks=64))
     head = runner.wait_greedy_head()
     assert head is not None and runner.greedy_head is head
+    tokenizer = load_tokenizer(runner.model_dir)
     texts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time", "1, 2, 3,"]
     reqs = [
         ScheduledRequest(
-            str(i), runner.tokenizer.encode(t), 0, [i * 4 + j for j in range(4)], True, GREEDY, 0
+            str(i), tokenizer.encode(t), 0, [i * 4 + j for j in range(4)], True, GREEDY, 0
         )
         for i, t in enumerate(texts)
     ]

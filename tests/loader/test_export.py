@@ -15,6 +15,7 @@ from headrace.cli import main
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.model_runner import ModelRunner
 from headrace.engine.runner_harness import greedy
+from headrace.loader.tokenizer import load_tokenizer
 from loader.tiny_gguf import write_tiny_gguf
 
 
@@ -51,7 +52,7 @@ def test_export_loads_in_transformers_and_generates_the_same(
     ps = prompts(4)
     assert greedy(runner, ps, 16) == [hf_greedy(hf_model, p, 16) for p in ps]
     hf_tok = AutoTokenizer.from_pretrained(out)
-    assert runner.tokenizer.encode("<eos>t5") == hf_tok("<eos>t5")["input_ids"]
+    assert load_tokenizer(runner.model_dir).encode("<eos>t5") == hf_tok("<eos>t5")["input_ids"]
 
 
 def test_export_bf16(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,12 +11,13 @@ import torch
 from models.tiny import GGUF_GEMMA3, hf_greedy, make_tiny, prompts
 
 from headrace.config import CacheConfig
-from headrace.engine.model_runner import ModelRunner, load_tokenizer
+from headrace.engine.model_runner import ModelRunner
 from headrace.engine.runner_harness import greedy
 from headrace.loader.cache import COMPLETE, converted_dir
 from headrace.loader.errors import ModelLoadError
 from headrace.loader.gguf import hf_name, unpermute
 from headrace.loader.hf import load_model
+from headrace.loader.tokenizer import load_tokenizer
 from loader.tiny_gguf import permute, write_tiny_gguf
 
 
@@ -49,10 +50,13 @@ def test_tiny_gguf_generates_like_transformers(arch: str, tmp_path: Path) -> Non
     assert (model_dir / COMPLETE).is_file()
     assert converted_dir(gguf_path, root=tmp_path / "cache") == model_dir  # reused
     model, _ = load_model(model_dir, torch.float32, torch.device("cpu"), 512)
-    runner = ModelRunner.from_parts(model, load_tokenizer(model_dir), CacheConfig(block_size=8))
+    runner = ModelRunner.from_parts(model, model_dir, CacheConfig(block_size=8))
     ps = prompts(4)
     assert greedy(runner, ps, 16) == [hf_greedy(hf_model, p, 16) for p in ps]
-    assert runner.tokenizer.encode("<eos>") == [2, 1]  # BOS added, control token kept whole
+    assert load_tokenizer(model_dir).encode("<eos>") == [
+        2,
+        1,
+    ]  # BOS added, control token kept whole
     assert runner.eos_token_ids == (1,)
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-
+import msgspec
 from fake_engine import FakeEngine
 from prometheus_client.parser import text_string_to_metric_families
 
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
 from headrace.metrics.engine_collector import COUNTER, ENGINE_SERIES, PREFIX
 from headrace.metrics.prometheus import Metrics
 
@@ -46,9 +45,9 @@ def test_each_model_reports_its_latest_step() -> None:
 
 
 def test_every_engine_series_reads_its_own_stats_field() -> None:
-    names = [f.name for f in dataclasses.fields(StepStats) if f.type in ("int", "float")]
+    names = [f.name for f in msgspec.structs.fields(StepStats) if f.type in (int, float)]
     stats = StepStats(**{n: i + 2 for i, n in enumerate(names)})  # distinct per field
-    stats = dataclasses.replace(stats, kv_blocks_used=3, kv_blocks_total=8)  # usage 0.375
+    stats = msgspec.structs.replace(stats, kv_blocks_used=3, kv_blocks_total=8)  # usage 0.375
     s = scrape(Metrics(lambda: {"m": Busy(stats)}))
     for kind, name, _, field in ENGINE_SERIES:
         sample = PREFIX + name + ("_total" if kind is COUNTER else "")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from headrace.config import CacheConfig
-from headrace.engine.model_runner import ModelRunner, load_tokenizer
+from headrace.engine.model_runner import ModelRunner
 from headrace.engine.runner_harness import greedy
 from headrace.loader.hf import load_model
 from models.tiny import ARCHS, hf_greedy, make_tiny, prompts
@@ -20,9 +20,7 @@ NEW_TOKENS = 32
 def test_greedy_matches_transformers(arch: str, tmp_path: Path) -> None:
     hf_model = make_tiny(arch, tmp_path)
     model, _ = load_model(tmp_path, torch.float32, torch.device("cpu"), 512)
-    runner = ModelRunner.from_parts(
-        model, load_tokenizer(tmp_path), CacheConfig(block_size=4, num_kv_blocks=256)
-    )
+    runner = ModelRunner.from_parts(model, tmp_path, CacheConfig(block_size=4, num_kv_blocks=256))
     ps = prompts(4)
     expected = [hf_greedy(hf_model, p, NEW_TOKENS) for p in ps]
     assert all(len(e) == NEW_TOKENS for e in expected)

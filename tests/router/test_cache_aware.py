@@ -10,7 +10,7 @@ from fake_engine import FakeEngine
 
 from headrace.config import RouterConfig
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.policies import CacheAware, Candidate
 from headrace.router.prefix_index import PrefixIndex, prefix_hashes

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
 from headrace.router.load import SETTLE_REPORTS, LoadTracker, sum_stats
 
 

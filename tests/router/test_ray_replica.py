@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from headrace.engine.client import GenerationChunk
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.ray_actor import Pulled, Refusal, ReplicaReady
 from headrace.router.ray_replica import RayEngine

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from headrace.api import replica_schemas
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.outputs import StepStats, TokenLogprobs
+from headrace.engine.messages import StepStats, TokenLogprobs
 from headrace.request import FinishReason, SamplingParams
 from headrace.router import wire
 

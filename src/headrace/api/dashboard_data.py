@@ -60,9 +60,8 @@ def _model(engine: Any) -> dict[str, Any]:
         "step": {k: getattr(step, k) for k in _STEP_FIELDS},
         "replicas": [],
     }
-    describe = getattr(engine, "describe", None)  # a router tells of its replicas, as /health
-    if callable(describe):
-        replicas = describe().get("replicas", [])
+    replicas = engine.describe().get("replicas", [])  # a router's, as /health
+    if isinstance(replicas, list):
         out["replicas"] = [{k: r.get(k) for k in _REPLICA_FIELDS} for r in replicas]
     return out
 

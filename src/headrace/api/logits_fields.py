@@ -8,10 +8,11 @@ from typing import Any
 
 from headrace.api.errors import bad_request
 from headrace.api.schemas import SamplingFields
+from headrace.engine.tokenizer import Tokenizer
 from headrace.request import MAX_BAD_WORD_TOKENS
 
 
-def processor_params(body: SamplingFields, tokenizer: Any, max_tokens: int) -> dict[str, Any]:
+def processor_params(body: SamplingFields, tokenizer: Tokenizer, max_tokens: int) -> dict[str, Any]:
     """SamplingParams keyword arguments; null fields are off."""
     min_tokens = body.min_tokens or 0
     if min_tokens > max_tokens:
@@ -44,7 +45,7 @@ def logit_bias_pairs(bias: dict[str, float], vocab: int) -> tuple[tuple[int, flo
     return pairs
 
 
-def bad_word_sequences(tokenizer: Any, words: list[str]) -> tuple[tuple[int, ...], ...]:
+def bad_word_sequences(tokenizer: Tokenizer, words: list[str]) -> tuple[tuple[int, ...], ...]:
     """As vLLM: each word tokenized alone and after a space (at the start of the text and in
     its middle), without special tokens; distinct sequences in order."""
     seqs: dict[tuple[int, ...], None] = {}

@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from headrace.engine.outputs import TokenLogprobs
+from headrace.engine.messages import TokenLogprobs
+from headrace.engine.tokenizer import Tokenizer
 
 
-def token_text(tokenizer: Any, token_id: int) -> str:
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     text: str = tokenizer.decode([token_id])
     return text
 
 
 def completion_logprobs(
-    tokenizer: Any, items: Sequence[TokenLogprobs], offset: int = 0
+    tokenizer: Tokenizer, items: Sequence[TokenLogprobs], offset: int = 0
 ) -> dict[str, Any]:
     """`{tokens, token_logprobs, top_logprobs, text_offset}`; `offset` continues a stream."""
     tokens, offsets = [], []
@@ -31,7 +32,7 @@ def completion_logprobs(
     }
 
 
-def chat_logprobs(tokenizer: Any, items: Sequence[TokenLogprobs]) -> dict[str, Any]:
+def chat_logprobs(tokenizer: Tokenizer, items: Sequence[TokenLogprobs]) -> dict[str, Any]:
     """`{content: [{token, logprob, bytes, top_logprobs: [...]}]}`."""
     return {
         "content": [
@@ -44,7 +45,7 @@ def chat_logprobs(tokenizer: Any, items: Sequence[TokenLogprobs]) -> dict[str, A
     }
 
 
-def _entry(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
+def _entry(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str, Any]:
     text = token_text(tokenizer, token_id)
     return {"token": text, "logprob": finite(logprob), "bytes": list(text.encode())}
 

@@ -11,6 +11,7 @@ import jinja2
 
 from headrace.api.errors import bad_request
 from headrace.api.schemas import MAX_CHAT_MESSAGES
+from headrace.engine.tokenizer import Tokenizer
 
 T = TypeVar("T")
 
@@ -20,12 +21,12 @@ INLINE_CHARS = 4096  # shorter prompts tokenize in well under a millisecond: not
 MESSAGE_CHARS = 64
 
 
-async def encode_text(tokenizer: Any, text: str) -> list[int]:
+async def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
     ids: list[int] = await _maybe_in_thread(len(text), tokenizer.encode, text, True)
     return ids
 
 
-def check_token_ids(tokenizer: Any, ids: Sequence[int]) -> list[int]:
+def check_token_ids(tokenizer: Tokenizer, ids: Sequence[int]) -> list[int]:
     vocab = int(tokenizer.vocab_size)
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
@@ -33,7 +34,7 @@ def check_token_ids(tokenizer: Any, ids: Sequence[int]) -> list[int]:
     return list(ids)
 
 
-async def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+async def encode_chat(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:
     """The conversation rendered with the model's chat template, ready for the assistant.
     Large conversations render in a thread; the body size limit bounds that work."""
     if len(messages) > MAX_CHAT_MESSAGES:
@@ -46,7 +47,7 @@ async def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[in
     return ids
 
 
-def _render_and_encode(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def _render_and_encode(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except (jinja2.TemplateError, ValueError, TypeError, KeyError) as e:  # raise_exception()

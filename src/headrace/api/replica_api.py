@@ -29,7 +29,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from headrace.api.arrival import arrival_time
-from headrace.api.errors import bad_request
+from headrace.api.errors import APIError, bad_request
 from headrace.api.replica_schemas import ReplicaAbortBody, ReplicaGenerateBody
 from headrace.api.schemas import error_responses
 from headrace.api.serving import engine_failure, unless_disconnected
@@ -37,6 +37,7 @@ from headrace.api.sse import DONE, SSEResponse, encode_event
 from headrace.api.state import AppState, app_state
 from headrace.engine.client import EngineClient, GenerationChunk
 from headrace.gateway.access import Scope
+from headrace.loader.tokenizer import Tokenizer as ModelTokenizer
 from headrace.request import FinishReason
 from headrace.router.wire import chunk_json, stats_json
 
@@ -66,14 +67,13 @@ async def stats(request: Request) -> dict[str, Any]:
     state = app_state(request)
     models: dict[str, Any] = {}
     for name, engine in list(state.engines.items()):
-        describe = getattr(engine, "describe", None)  # a router tells of its replicas
         step = engine.stats()
         models[name] = {
             "max_model_len": engine.max_model_len,
             "healthy": engine.is_healthy,
             "stats": stats_json(step),
             "prefix_cache_hit_rate": round(step.prefix_cache_hit_rate, 4),
-            **(describe() if callable(describe) else {}),
+            **engine.describe(),  # a router tells of its replicas
         }
     return {"loading": state.loading or not state.engines, "models": models}
 
@@ -82,7 +82,10 @@ async def stats(request: Request) -> dict[str, Any]:
 async def tokenizer(request: Request, model: str) -> dict[str, Any]:
     _, engine = app_state(request).engine_for(model)
     tok = engine.tokenizer
-    return {"tokenizer": tok.backend.to_str(), "config": tok.config}
+    if not isinstance(tok, ModelTokenizer):  # e.g. a test's stand-in: no file to send
+        raise APIError(404, f"model {model!r} has no tokenizer file to send")
+    return {"tokenizer": tok.backend.to_str(), "config": tok.config,
+            "architecture": tok.architecture}  # fmt: skip
 
 
 @_replica.post("/v1/replica/abort")

@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from fastapi import Request
 
@@ -26,6 +26,8 @@ from headrace.api.sse import DONE, error_event, wait_for_disconnect
 from headrace.api.state import AppState
 from headrace.api.structured import grammar_for
 from headrace.engine.client import EngineClient, GenerateOptions, GenerationChunk
+from headrace.engine.limits import DoesNotFit, check_fits
+from headrace.engine.tokenizer import Tokenizer
 from headrace.gateway.base import Admission
 from headrace.metrics.timing import RequestTimer
 from headrace.request import FinishReason, SamplingParams
@@ -57,7 +59,7 @@ def sampling_params(
     body: SamplingFields,
     max_tokens: int,
     logprobs: int | None,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     grammar: str | None = None,
 ) -> SamplingParams:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
@@ -71,19 +73,6 @@ def sampling_params(
         )  # fmt: skip
     except ValueError as e:
         raise bad_request(str(e)) from e
-
-
-def check_context(prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
-    """Refuse, before any stream starts, a request that cannot fit the model's context."""
-    if prompt_tokens + max_tokens <= max_model_len:
-        return
-    param = "prompt" if prompt_tokens >= max_model_len else "max_tokens"
-    raise bad_request(
-        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-        f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for "
-        "the completion). Please reduce the prompt or max_tokens.",
-        param,
-    )
 
 
 async def admit(
@@ -103,11 +92,12 @@ async def admit(
     model, engine = state.engine_for(body.model)
     state.gateway.check(tenant, model)
     ids = await encode(engine)
-    if not ids:
-        raise bad_request("the prompt is empty", "prompt")
     if max_tokens is None:  # chat without a limit: the rest of the context
         max_tokens = max(engine.max_model_len - len(ids), 1)
-    check_context(len(ids), max_tokens, engine.max_model_len)
+    try:
+        check_fits(len(ids), max_tokens, engine.max_model_len)
+    except DoesNotFit as e:
+        raise bad_request(str(e), e.param) from e
     grammar = await grammar_for(body)
     params = sampling_params(body, max_tokens, logprobs, engine.tokenizer, grammar)
     admission = state.gateway.admit(tenant, len(ids), n * max_tokens, model)
@@ -131,7 +121,7 @@ def engine_failure(e: Exception, request_id: str) -> APIError:
     if isinstance(e, APIError):
         return e
     if isinstance(e, ValueError):
-        return bad_request(str(e))
+        return bad_request(str(e), e.param if isinstance(e, DoesNotFit) else None)
     if isinstance(e, StopAsyncIteration):
         return APIError(500, "the engine ended the request without a result")
     log.error("engine failed on %s", request_id, exc_info=e)

@@ -77,11 +77,8 @@ class AppState:
 
 def _replicas(engine: EngineClient) -> list[dict[str, object]]:
     """A router's replicas (name, state, pid or url, restarts, load); [] for a lone engine."""
-    describe = getattr(engine, "describe", None)
-    if not callable(describe):
-        return []
-    replicas: list[dict[str, object]] = describe().get("replicas", [])
-    return replicas
+    replicas = engine.describe().get("replicas", [])
+    return replicas if isinstance(replicas, list) else []
 
 
 def app_state(request: Request) -> AppState:

@@ -2,8 +2,9 @@
 router use.
 
 The step loop runs elsewhere — a core process (default) or a thread — so model compute never
-blocks the event loop. The front end tokenizes, sends requests, and one receiver routes each
-step's outputs to per-request queues, detokenizing and applying stop strings on the way.
+blocks the event loop. The front end owns the text: it loads the tokenizer itself (while the
+core loads the model), checks that a request fits, sends token ids, and one receiver routes
+each step's outputs to per-request queues, detokenizing and cutting stop strings on the way.
 Closing a request's iterator (client gone) aborts it in the core, which frees its blocks
 within one step; if the core dies, every open request ends with an error chunk.
 """
@@ -13,48 +14,33 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.core_loop import (
+from headrace.engine.core_connection import CoreConnection
+from headrace.engine.core_loop import CoreSpec, QueueFactory, RunnerFactory
+from headrace.engine.limits import check_fits
+from headrace.engine.messages import (
     AbortRequests,
     CoreFailed,
     CoreOutputs,
     CoreReady,
-    CoreSpec,
-    QueueFactory,
-    RunnerFactory,
+    EngineCoreRequest,
+    FromCore,
+    RequestOutput,
+    StepStats,
 )
-from headrace.engine.engine_core import EngineCoreRequest
-from headrace.engine.limits import check_fits
-from headrace.engine.outputs import RequestOutput, StepStats
 from headrace.engine.text_stream import RequestTextStream
+from headrace.engine.tokenizer import Tokenizer
+from headrace.loader.cache import resolve_model
+from headrace.loader.errors import ModelLoadError
+from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-class CoreConnection(Protocol):
-    """How the front end reaches its core: `core_proc.ProcessCore` or `core_thread.ThreadCore`.
-
-    `start` launches the core; every message it sends, `CoreReady` (or `CoreFailed`) first,
-    arrives through `on_message` on the event loop; `on_death` is called once if the core goes
-    away without being closed. `send` never blocks.
-    """
-
-    @property
-    def is_alive(self) -> bool: ...
-
-    def start(
-        self, on_message: Callable[[object], None], on_death: Callable[[str], None]
-    ) -> None: ...
-
-    def send(self, msg: object) -> None: ...
-
-    async def close(self) -> None: ...
 
 
 @dataclass
@@ -76,6 +62,7 @@ class AsyncEngine:
         self._dead: str | None = None  # why the core is gone
         self._closed = False
         self._info: CoreReady | None = None
+        self._tokenizer: Tokenizer | None = None
         self._ready: asyncio.Future[CoreReady] = asyncio.get_running_loop().create_future()
 
     @classmethod
@@ -89,20 +76,18 @@ class AsyncEngine:
         in_process: bool = False,
         queue_factory: QueueFactory | None = None,
         runner_factory: RunnerFactory | None = None,
+        tokenizer: Tokenizer | None = None,
         startup_timeout_s: float | None = None,
     ) -> AsyncEngine:
         """Start a replica's core (a process, or a thread with `in_process`) and wait for it.
 
         `queue_factory` builds the core's WaitingQueue (e.g. `FairQueue`); `runner_factory`
-        replaces the model runner (tests). Both must be picklable for a process core.
+        replaces the model runner (tests). Both must be picklable for a process core. Without
+        a `tokenizer`, the model directory's is loaded here while the core loads the model.
         """
-        spec = CoreSpec(
-            model_config or ModelConfig(),
-            cache_config or CacheConfig(),
-            scheduler_config or SchedulerConfig(),
-            queue_factory,
-            runner_factory,
-        )
+        model_config = model_config or ModelConfig()
+        cache, sched = cache_config or CacheConfig(), scheduler_config or SchedulerConfig()
+        spec = CoreSpec(model_config, cache, sched, queue_factory, runner_factory)
         conn: CoreConnection
         if in_process:
             from headrace.engine.core_thread import ThreadCore
@@ -113,13 +98,29 @@ class AsyncEngine:
 
             conn = ProcessCore(spec, served_model_name)
         engine = cls(conn)
-        conn.start(engine._on_message, engine._on_death)
         try:
-            engine._info = await asyncio.wait_for(asyncio.shield(engine._ready), startup_timeout_s)
+            await asyncio.wait_for(engine._start(model_config, tokenizer), startup_timeout_s)
         except BaseException:
             await conn.close()
             raise
         return engine
+
+    async def _start(self, model_config: ModelConfig, tokenizer: Tokenizer | None) -> None:
+        loading: asyncio.Task[Tokenizer] | None = None
+        if tokenizer is None:
+            # Resolved before the core starts, so that a GGUF is converted once, here.
+            try:
+                model_dir, _ = await asyncio.to_thread(resolve_model, model_config.model)
+            except ModelLoadError as e:  # as the core reports it: start fails with the reason
+                raise RuntimeError(f"the model could not be loaded: {e}") from e
+            loading = asyncio.create_task(_load_tokenizer(model_dir))
+        self._conn.start(self._on_message, self._on_death)
+        try:
+            self._info = await asyncio.shield(self._ready)
+            self._tokenizer = tokenizer if loading is None else await loading
+        finally:
+            if loading is not None:
+                loading.cancel()
 
     # -- EngineClient ---------------------------------------------------------------------
 
@@ -132,8 +133,10 @@ class AsyncEngine:
         return self._require_info().max_model_len
 
     @property
-    def tokenizer(self) -> Any:
-        return self._require_info().tokenizer
+    def tokenizer(self) -> Tokenizer:
+        self._require_info()
+        assert self._tokenizer is not None
+        return self._tokenizer
 
     @property
     def num_kv_blocks(self) -> int:
@@ -145,13 +148,24 @@ class AsyncEngine:
 
     @property
     def is_healthy(self) -> bool:
-        return self._dead is None and not self._closed and self._conn.is_alive
+        return self.failure is None
+
+    @property
+    def failure(self) -> str | None:
+        if self._closed:
+            return "the engine is shut down"
+        if self._dead is None and not self._conn.is_alive:
+            return "the engine core is gone"
+        return self._dead
 
     @property
     def pid(self) -> int | None:
         """The core process's id (None for a core thread): the router kills a hung core."""
-        pid = getattr(self._conn, "pid", None)
-        return pid if isinstance(pid, int) else None
+        return self._conn.pid
+
+    def describe(self) -> dict[str, object]:
+        """The core's runner: device, dtype, KV blocks."""
+        return dict(self._require_info().runner)
 
     @property
     def num_open_requests(self) -> int:
@@ -163,7 +177,7 @@ class AsyncEngine:
     async def generate(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt_token_ids: list[int],
         params: SamplingParams,
         options: GenerateOptions | None = None,
     ) -> AsyncIterator[GenerationChunk]:
@@ -173,13 +187,13 @@ class AsyncEngine:
         an option is out of range (e.g. a weight of 0).
         """
         info = self._require_info()
-        ids = self._encode(prompt)
+        ids = list(prompt_token_ids)
         check_fits(len(ids), params.max_tokens, info.max_model_len, self._capacity_tokens)
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         stream = _Stream(
             core_id=f"{request_id}#{next(self._ids)}",  # unique even if the caller reuses ids
-            text=RequestTextStream(request_id, info.tokenizer, ids, params),
+            text=RequestTextStream(request_id, self.tokenizer, ids, params),
         )
         opts = options or GenerateOptions()
         core_request = EngineCoreRequest(
@@ -193,10 +207,11 @@ class AsyncEngine:
             queue_timeout_s=opts.queue_timeout_s,
             arrival_time=opts.arrival_time,
             cache_salt=opts.cache_salt,
+            eos_token_ids=self.tokenizer.eos_token_ids,
         )
         core_request.validate()  # a bad option is the caller's error here, not the core's
-        if not self.is_healthy:
-            yield stream.text.fail(self._dead or "the engine is shut down")
+        if self.failure is not None:
+            yield stream.text.fail(self.failure)
             return
         self._streams[request_id] = stream
         self._by_core_id[stream.core_id] = request_id
@@ -227,7 +242,7 @@ class AsyncEngine:
 
     # -- receiving --------------------------------------------------------------------------
 
-    def _on_message(self, msg: object) -> None:
+    def _on_message(self, msg: FromCore) -> None:
         if isinstance(msg, CoreOutputs):
             self._stats = msg.stats
             for out in msg.outputs:
@@ -274,11 +289,6 @@ class AsyncEngine:
             del self._streams[stream.text.request_id]
         self._by_core_id.pop(stream.core_id, None)
 
-    def _encode(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return list(self._require_info().tokenizer.encode(prompt, add_special_tokens=True))
-        return list(prompt)
-
     @property
     def _capacity_tokens(self) -> int:
         info = self._require_info()
@@ -288,3 +298,7 @@ class AsyncEngine:
         if self._info is None:
             raise RuntimeError("the engine has not started; use `await AsyncEngine.start(...)`")
         return self._info
+
+
+async def _load_tokenizer(model_dir: Path) -> Tokenizer:
+    return await asyncio.to_thread(load_tokenizer, model_dir)

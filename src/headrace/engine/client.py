@@ -9,13 +9,11 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from headrace.engine.outputs import StepStats, TokenLogprobs
+from headrace.engine.messages import StepStats, TokenLogprobs
+from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
-
-if TYPE_CHECKING:
-    from headrace.loader.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -92,12 +90,14 @@ class EngineClient(Protocol):
     def max_model_len(self) -> int: ...
 
     @property
-    def tokenizer(self) -> Tokenizer: ...
+    def tokenizer(self) -> Tokenizer:
+        """The front end's own: the caller encodes with it, the engine decodes with it."""
+        ...
 
     def generate(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt_token_ids: list[int],
         params: SamplingParams,
         options: GenerateOptions | None = None,
     ) -> AsyncIterator[GenerationChunk]:
@@ -112,5 +112,20 @@ class EngineClient(Protocol):
 
     @property
     def is_healthy(self) -> bool: ...
+
+    @property
+    def failure(self) -> str | None:
+        """Why it is not healthy (None when it is)."""
+        ...
+
+    @property
+    def pid(self) -> int | None:
+        """The engine core's process, for a supervisor to kill when it hangs (None: none here,
+        e.g. a core thread or a remote replica)."""
+        ...
+
+    def describe(self) -> dict[str, object]:
+        """What /health and /v1/stats show of it beside the stats (a router: its replicas)."""
+        ...
 
     async def close(self) -> None: ...

@@ -1,8 +1,8 @@
-"""The engine core's busy loop and the messages it exchanges with its front end.
+"""The engine core's busy loop: step while there is work, take messages between steps.
 
 Transport-agnostic: the loop is handed `recv(timeout)` and `send(msg)`; a process replica runs
-it over ZeroMQ (`core_proc`), the in-process variant in a thread (`core_thread`). Messages are
-plain picklable dataclasses.
+it over ZeroMQ (`core_proc`), the in-process variant in a thread (`core_thread`). The messages
+are those of `messages`; the loop reaches the core only through `EngineCore`'s own methods.
 """
 
 from __future__ import annotations
@@ -11,13 +11,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.engine_core import EngineCore, EngineCoreRequest, Runner
-from headrace.engine.outputs import RequestOutput, StepStats
+from headrace.engine.engine_core import EngineCore, Runner
+from headrace.engine.messages import (
+    AbortRequests,
+    CoreOutputs,
+    EngineCoreRequest,
+    FromCore,
+    Shutdown,
+    ToCore,
+)
 from headrace.engine.waiting_queue import WaitingQueue
-from headrace.request import FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -26,43 +31,6 @@ _STALLED_WAIT_S = 0.002  # work waiting but nothing schedulable (static batch ti
 
 RunnerFactory = Callable[[ModelConfig, CacheConfig], Runner]
 QueueFactory = Callable[[], WaitingQueue]
-
-
-# -- front end -> core ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AbortRequests:
-    request_ids: list[str]
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    pass
-
-
-# -- core -> front end ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CoreReady:
-    model_name: str
-    max_model_len: int
-    num_kv_blocks: int
-    block_size: int
-    eos_token_ids: tuple[int, ...]
-    tokenizer: Any  # headrace.loader.tokenizer.Tokenizer (picklable)
-
-
-@dataclass(frozen=True)
-class CoreFailed:
-    error: str  # the model could not be loaded
-
-
-@dataclass(frozen=True)
-class CoreOutputs:
-    outputs: list[RequestOutput]
-    stats: StepStats
 
 
 @dataclass(frozen=True)
@@ -87,22 +55,10 @@ class CoreSpec:
         return EngineCore(self.scheduler_config, runner, queue, enable_prefix_caching=caching)
 
 
-def ready_message(core: EngineCore, served_model_name: str | None) -> CoreReady:
-    runner: Any = core.runner
-    return CoreReady(
-        model_name=served_model_name or str(getattr(runner, "model_name", None) or "model"),
-        max_model_len=core.max_model_len,
-        num_kv_blocks=core.block_manager.num_blocks,
-        block_size=core.block_manager.block_size,
-        eos_token_ids=core.eos_token_ids,
-        tokenizer=getattr(runner, "tokenizer", None),
-    )
-
-
 def run_core_loop(
     core: EngineCore,
-    recv: Callable[[float], list[object]],
-    send: Callable[[object], None],
+    recv: Callable[[float], list[ToCore]],
+    send: Callable[[FromCore], None],
     should_stop: Callable[[], bool] = lambda: False,
 ) -> None:
     """Step while there is work, take messages between steps, report after every step.
@@ -130,11 +86,11 @@ def run_core_loop(
                 send(CoreOutputs(outputs, stats))
                 last_report = now
         elif now - last_report >= IDLE_STATS_INTERVAL_S:
-            send(CoreOutputs([], core.scheduler.stats()))
+            send(CoreOutputs([], core.stats()))
             last_report = now
 
 
-def _handle(core: EngineCore, msg: object) -> None:
+def _handle(core: EngineCore, msg: ToCore) -> None:
     """One message; whatever it raises ends that request (or is logged), never the loop."""
     if isinstance(msg, EngineCoreRequest):
         try:
@@ -143,7 +99,7 @@ def _handle(core: EngineCore, msg: object) -> None:
             if not isinstance(e, ValueError):  # a refusal is expected; anything else is a bug
                 log.exception("adding request %s failed", msg.request_id)
             error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
-            core.scheduler.emit(RequestOutput(msg.request_id, [], FinishReason.ERROR, error=error))
+            core.reject(msg.request_id, error)
     elif isinstance(msg, AbortRequests):
         for rid in msg.request_ids:
             try:

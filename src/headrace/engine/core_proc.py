@@ -1,7 +1,7 @@
 """An engine core in its own process ('spawn'), talking to the front end over ZeroMQ.
 
-Two PUSH/PULL pairs of ipc:// sockets in a private temp dir carry pickled messages (see
-`core_loop`). The front end binds both, so a core that dies and a new one that starts later
+Two PUSH/PULL pairs of ipc:// sockets in a private temp dir carry the messages of `messages`,
+as MessagePack. The front end binds both, so a core that dies and a new one that starts later
 need nothing but a new process; the front end learns of a death at once from the process
 sentinel.
 """
@@ -13,7 +13,6 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import pickle
 import shutil
 import signal
 import tempfile
@@ -23,18 +22,20 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from headrace.engine.core_loop import (
+from headrace.engine.core_loop import CoreSpec, run_core_loop
+from headrace.engine.messages import (
     CoreFailed,
-    CoreSpec,
+    FromCore,
     Shutdown,
-    ready_message,
-    run_core_loop,
+    ToCore,
+    decode_from_core,
+    decode_to_core,
+    encode,
 )
 
 log = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 5.0
-_BIG_MESSAGE_BYTES = 1 << 20
 
 
 def core_process_main(
@@ -52,17 +53,17 @@ def core_process_main(
     outbox = ctx.socket(zmq.PUSH)
     outbox.connect(out_addr)
 
-    def send(msg: object) -> None:
-        outbox.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+    def send(msg: FromCore) -> None:
+        outbox.send(encode(msg))
 
-    def recv(timeout: float) -> list[object]:
-        msgs: list[object] = []
+    def recv(timeout: float) -> list[ToCore]:
+        msgs: list[ToCore] = []
         if inbox.poll(int(timeout * 1000)):
             with contextlib.suppress(zmq.Again):
                 while True:
                     data = inbox.recv(zmq.NOBLOCK)
                     try:
-                        msgs.append(pickle.loads(data))
+                        msgs.append(decode_to_core(data))
                     except Exception:  # one unreadable message must not end the core
                         log.exception("engine core got an unreadable message")
         return msgs
@@ -73,7 +74,7 @@ def core_process_main(
         except BaseException:
             send(CoreFailed(traceback.format_exc()))
             return
-        send(ready_message(core, served_model_name))
+        send(core.ready_message(served_model_name))
         run_core_loop(core, recv, send, should_stop=lambda: os.getppid() != parent_pid)
     finally:
         outbox.close(linger=1000)
@@ -105,7 +106,9 @@ class ProcessCore:
     def is_alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
 
-    def start(self, on_message: Callable[[object], None], on_death: Callable[[str], None]) -> None:
+    def start(
+        self, on_message: Callable[[FromCore], None], on_death: Callable[[str], None]
+    ) -> None:
         in_addr = f"ipc://{self._dir}/in"
         out_addr = f"ipc://{self._dir}/out"
         self._inbox.bind(in_addr)
@@ -122,11 +125,11 @@ class ProcessCore:
         self._loop.add_reader(self.proc.sentinel, self._on_exit, on_death)
         self._recv_task = asyncio.create_task(self._receive(on_message))
 
-    def send(self, msg: object) -> None:
+    def send(self, msg: ToCore) -> None:
         if self._closing or not self.is_alive:
             return
         try:
-            self._inbox.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
+            self._inbox.send(encode(msg), zmq.NOBLOCK)
         except zmq.Again:
             log.warning("engine core is not taking messages; dropped %s", type(msg).__name__)
 
@@ -153,13 +156,11 @@ class ProcessCore:
         self._async_ctx.term()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    async def _receive(self, on_message: Callable[[object], None]) -> None:
+    async def _receive(self, on_message: Callable[[FromCore], None]) -> None:
         while True:
             data = await self._outbox.recv()
             try:
-                # The ready message carries the tokenizer (MBs): keep the event loop free.
-                big = len(data) > _BIG_MESSAGE_BYTES
-                msg = await asyncio.to_thread(pickle.loads, data) if big else pickle.loads(data)
+                msg = decode_from_core(data)
             except Exception:
                 log.exception("engine core sent an unreadable message")
                 continue

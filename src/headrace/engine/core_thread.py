@@ -1,4 +1,4 @@
-"""An engine core in a thread of this process: same messages as a core process, no pickling.
+"""An engine core in a thread of this process: the same messages as a core process, unencoded.
 
 For tests and single-process use. The model's kernels release the GIL, so the event loop
 stays responsive while a step runs.
@@ -14,7 +14,8 @@ import threading
 import traceback
 from collections.abc import Callable
 
-from headrace.engine.core_loop import CoreFailed, CoreSpec, Shutdown, ready_message, run_core_loop
+from headrace.engine.core_loop import CoreSpec, run_core_loop
+from headrace.engine.messages import CoreFailed, FromCore, Shutdown, ToCore
 
 log = logging.getLogger(__name__)
 
@@ -23,18 +24,24 @@ class ThreadCore:
     def __init__(self, spec: CoreSpec, served_model_name: str | None = None) -> None:
         self.spec = spec
         self.served_model_name = served_model_name
-        self._inbox: queue.Queue[object] = queue.Queue()
+        self._inbox: queue.Queue[ToCore] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._closing = False
+
+    @property
+    def pid(self) -> int | None:
+        return None  # this process's: not one to kill
 
     @property
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, on_message: Callable[[object], None], on_death: Callable[[str], None]) -> None:
+    def start(
+        self, on_message: Callable[[FromCore], None], on_death: Callable[[str], None]
+    ) -> None:
         loop = asyncio.get_running_loop()
 
-        def post(msg: object) -> None:
+        def post(msg: FromCore) -> None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
                 loop.call_soon_threadsafe(on_message, msg)
 
@@ -48,7 +55,7 @@ class ThreadCore:
         )
         self._thread.start()
 
-    def send(self, msg: object) -> None:
+    def send(self, msg: ToCore) -> None:
         if not self._closing:
             self._inbox.put(msg)
 
@@ -60,13 +67,13 @@ class ThreadCore:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
 
-    def _run(self, post: Callable[[object], None], died: Callable[[str], None]) -> None:
+    def _run(self, post: Callable[[FromCore], None], died: Callable[[str], None]) -> None:
         try:
             core = self.spec.build()
         except BaseException:
             post(CoreFailed(traceback.format_exc()))
             return
-        post(ready_message(core, self.served_model_name))
+        post(core.ready_message(self.served_model_name))
         try:
             run_core_loop(core, self._recv, post)
         except BaseException as e:
@@ -75,8 +82,8 @@ class ThreadCore:
             return
         died("the engine core stopped")
 
-    def _recv(self, timeout: float) -> list[object]:
-        msgs: list[object] = []
+    def _recv(self, timeout: float) -> list[ToCore]:
+        msgs: list[ToCore] = []
         try:
             msgs.append(
                 self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()

@@ -9,19 +9,18 @@ scheduling or updating fails the requests involved.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.block_manager import BlockManager
-from headrace.engine.outputs import RequestOutput, RunnerOutput, SchedulerOutput, StepStats
+from headrace.engine.messages import CoreReady, EngineCoreRequest, RequestOutput, StepStats
+from headrace.engine.outputs import RunnerOutput, SchedulerOutput
 from headrace.engine.scheduler import Scheduler
 from headrace.engine.step_retry import execute_isolating_failures
 from headrace.engine.waiting_queue import WaitingQueue
-from headrace.request import Request, SamplingParams
+from headrace.request import FinishReason, Request
 
 log = logging.getLogger(__name__)
 
@@ -41,54 +40,12 @@ class Runner(Protocol):
     @property
     def eos_token_ids(self) -> Sequence[int]: ...
 
+    @property
+    def model_name(self) -> str: ...
+
+    def describe(self) -> dict[str, str | int]: ...
+
     def execute(self, out: SchedulerOutput) -> RunnerOutput: ...
-
-
-@dataclass(frozen=True)
-class EngineCoreRequest:
-    """A tokenized request as the front end hands it to a core (picklable)."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    priority: int = 1
-    tenant: str = "default"
-    weight: float = 1.0
-    timeout_s: float | None = None  # whole request, from arrival_time
-    queue_timeout_s: float | None = None  # not started by then -> `overloaded`
-    # time.monotonic() when the request reached the front end (CLOCK_MONOTONIC is system-wide,
-    # so it holds in a core process on the same machine); None: arrival at the core.
-    arrival_time: float | None = None
-    # Requests share cached prefix blocks only within one salt; None: the tenant's name.
-    cache_salt: str | None = None
-
-    def validate(self) -> None:
-        """ValueError for a field of the wrong type or range. An unpickled copy skipped its
-        checks, so the core calls this before a field can reach the scheduler's arithmetic."""
-        if not isinstance(self.request_id, str) or not isinstance(self.tenant, str):
-            raise ValueError("request_id and tenant must be strings")
-        if self.cache_salt is not None and not isinstance(self.cache_salt, str):
-            raise ValueError(f"cache_salt must be a string or None, got {self.cache_salt!r}")
-        ids = self.prompt_token_ids
-        if not isinstance(ids, list | tuple) or not all(type(t) is int and t >= 0 for t in ids):
-            raise ValueError("prompt_token_ids must be a list of non-negative integers")
-        if not isinstance(self.params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(self.params).__name__}")
-        self.params.validate()
-        if type(self.priority) is not int:
-            raise ValueError(f"priority must be an integer, got {self.priority!r}")
-        if not _finite(self.weight) or self.weight <= 0:
-            raise ValueError(f"weight must be a finite number > 0, got {self.weight!r}")
-        for name in ("timeout_s", "queue_timeout_s", "arrival_time"):
-            value = getattr(self, name)
-            if value is not None and not (
-                _finite(value) and (name == "arrival_time" or value >= 0)
-            ):
-                raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
-
-
-def _finite(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class EngineCore:
@@ -143,7 +100,7 @@ class EngineCore:
                 request_id=r.request_id,
                 prompt_token_ids=list(r.prompt_token_ids),
                 params=r.params,
-                eos_token_ids=self.eos_token_ids,
+                eos_token_ids=self._eos_for(r),
                 priority=r.priority,
                 tenant=r.tenant,
                 weight=r.weight,
@@ -152,6 +109,31 @@ class EngineCore:
                 deadline=None if r.timeout_s is None else start + r.timeout_s,
                 queue_deadline=None if r.queue_timeout_s is None else start + r.queue_timeout_s,
             )
+        )
+
+    def _eos_for(self, r: EngineCoreRequest) -> tuple[int, ...]:
+        if not r.eos_token_ids:
+            return self.eos_token_ids
+        return tuple(dict.fromkeys(self.eos_token_ids + tuple(r.eos_token_ids)))
+
+    def reject(self, request_id: str, error: str) -> None:
+        """Report a request that was never added as ended with `error` (next step's outputs)."""
+        self.scheduler.emit(RequestOutput(request_id, [], FinishReason.ERROR, error=error))
+
+    def stats(self) -> StepStats:
+        """The gauges now (between steps, e.g. while idle)."""
+        return self.scheduler.stats()
+
+    def ready_message(self, served_model_name: str | None = None) -> CoreReady:
+        """What the front end learns of this core once its model is loaded."""
+        runner = self.runner
+        return CoreReady(
+            model_name=served_model_name or runner.model_name,
+            max_model_len=self.max_model_len,
+            num_kv_blocks=self.block_manager.num_blocks,
+            block_size=self.block_manager.block_size,
+            eos_token_ids=self.eos_token_ids,
+            runner=runner.describe(),
         )
 
     def abort_request(self, request_id: str) -> bool:

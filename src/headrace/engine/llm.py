@@ -7,15 +7,18 @@ by continuous batching, exactly as on the server.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.client import GenerationChunk
-from headrace.engine.engine_core import EngineCore, EngineCoreRequest, Runner
-from headrace.engine.outputs import TokenLogprobs
+from headrace.engine.engine_core import EngineCore, Runner
+from headrace.engine.messages import EngineCoreRequest, TokenLogprobs
 from headrace.engine.text_stream import RequestTextStream
+from headrace.engine.tokenizer import Tokenizer
 from headrace.engine.waiting_queue import WaitingQueue
+from headrace.loader.cache import resolve_model
+from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import FinishReason, SamplingParams
 
 Prompt = str | list[int]
@@ -40,17 +43,25 @@ class LLM:
         scheduler_config: SchedulerConfig | None = None,
         *,
         runner: Runner | None = None,
+        tokenizer: Tokenizer | None = None,
         queue: WaitingQueue | None = None,
     ) -> None:
-        """Load the model (or use `runner`, which must have a `tokenizer`)."""
+        """Load the model and its tokenizer, or use `runner` and `tokenizer`."""
         sched = scheduler_config or SchedulerConfig()
         cache = cache_config or CacheConfig()
         if runner is None:
-            self.core = EngineCore.from_configs(model_config or ModelConfig(), cache, sched, queue)
+            model = model_config or ModelConfig()
+            model_dir, _ = resolve_model(model.model)
+            with ThreadPoolExecutor(max_workers=1) as pool:  # parses while the weights load
+                loading = pool.submit(load_tokenizer, model_dir)
+                self.core = EngineCore.from_configs(model, cache, sched, queue)
+                tokenizer = tokenizer or loading.result()
         else:
             caching = cache.enable_prefix_caching
             self.core = EngineCore(sched, runner, queue, enable_prefix_caching=caching)
-        self.tokenizer: Any = getattr(self.core.runner, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("LLM(runner=...) needs the tokenizer that goes with it")
+        self.tokenizer = tokenizer
         self._counter = 0
 
     @property
@@ -78,7 +89,8 @@ class LLM:
             self._counter += 1
             rid = f"llm-{self._counter}"
             ids = self._encode(prompt)
-            requests.append(EngineCoreRequest(rid, ids, p))
+            eos = self.tokenizer.eos_token_ids
+            requests.append(EngineCoreRequest(rid, ids, p, eos_token_ids=eos))
             streams[rid] = RequestTextStream(rid, self.tokenizer, ids, p)
             results[rid] = _Result(ids)
         added = []

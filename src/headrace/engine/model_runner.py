@@ -5,19 +5,15 @@ from __future__ import annotations
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.kv_cache import KVCache, blocks_for_budget
-from headrace.engine.outputs import (
-    RunnerOutput,
-    ScheduledRequest,
-    SchedulerOutput,
-    TokenLogprobs,
-)
+from headrace.engine.messages import TokenLogprobs
+from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.sampler import Sampler
 from headrace.engine.step_inputs import build_step_inputs
 from headrace.engine.structured import GrammarMasks
@@ -25,10 +21,9 @@ from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_head import supported as int8_head_supported
 from headrace.kernels.paged_decode import supported as paged_decode_supported
 from headrace.loader.cache import resolve_model
-from headrace.loader.hf import load_model, read_config, read_json
-from headrace.loader.tokenizer import Tokenizer
+from headrace.loader.files import read_json
+from headrace.loader.hf import load_model
 from headrace.models.base import CausalLM
-from headrace.models.registry import architecture_of
 
 log = logging.getLogger(__name__)
 # Fault injection for tests: a step that computes this token id raises (unset: no effect).
@@ -64,13 +59,6 @@ def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
 
 
-def load_tokenizer(model_dir: Path) -> Tokenizer:
-    config_path = model_dir / "tokenizer_config.json"
-    config = read_json(config_path, "tokenizer config") if config_path.is_file() else None
-    arch = architecture_of(read_config(model_dir))
-    return Tokenizer.from_file(model_dir / "tokenizer.json", config, arch)
-
-
 def generation_eos_ids(model_dir: Path) -> tuple[int, ...]:
     path = model_dir / "generation_config.json"
     if not path.is_file():
@@ -97,14 +85,10 @@ class ModelRunner:
         dtype = pick_dtype(model_config.dtype, device)
         model_dir, name = resolve_model(model_config.model)
         cap = model_config.max_model_len or 1 << 40
-        # The tokenizer (a 262k vocabulary for Gemma) parses while the weights load.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(load_tokenizer, model_dir)
-            model, _ = load_model(model_dir, dtype, device, cap)
-            tokenizer = pending.result()
+        model, _ = load_model(model_dir, dtype, device, cap)
         self._setup(
             model,
-            tokenizer,
+            model_dir,
             cache_config,
             max_model_len=min(cap, model.args.max_position_embeddings),
             model_name=model_config.served_model_name or name,
@@ -115,28 +99,29 @@ class ModelRunner:
     def from_parts(
         cls,
         model: CausalLM,
-        tokenizer: Tokenizer,
+        model_dir: Path | None,
         cache_config: CacheConfig | None = None,
         max_model_len: int | None = None,
         model_name: str = "model",
     ) -> ModelRunner:
-        """A runner around an already loaded model (tests build several from one load)."""
+        """A runner around an already loaded model (tests build several from one load);
+        `model_dir` holds its tokenizer.json, which structured outputs read."""
         runner = cls.__new__(cls)
         cap = min(max_model_len or 1 << 40, model.args.max_position_embeddings)
-        runner._setup(model, tokenizer, cache_config or CacheConfig(), cap, model_name, ())
+        runner._setup(model, model_dir, cache_config or CacheConfig(), cap, model_name, ())
         return runner
 
     def _setup(
         self,
         model: CausalLM,
-        tokenizer: Tokenizer,
+        model_dir: Path | None,
         cache_config: CacheConfig,
         max_model_len: int,
         model_name: str,
         extra_eos: tuple[int, ...],
     ) -> None:
         self.model = model
-        self.tokenizer = tokenizer
+        self.model_dir = model_dir  # its tokenizer.json: structured outputs read it
         self.model_name = model_name
         self.max_model_len = max_model_len
         weight = model.embed_weight
@@ -149,11 +134,13 @@ class ModelRunner:
         self.kv_cache = KVCache(
             model.args, self.num_kv_blocks, self.block_size, self.dtype, self.device
         )
-        eos = model.args.eos_token_ids + extra_eos + tokenizer.eos_token_ids
+        # The model's own; the front end adds its tokenizer's (chat turn ends) per request.
+        eos = model.args.eos_token_ids + extra_eos
         self.eos_token_ids = tuple(dict.fromkeys(i for i in eos if 0 <= i < self.vocab_size))
         self.sampler = Sampler()
-        backend = tokenizer.backend
-        self.grammars = GrammarMasks(backend.to_str, self.vocab_size, self.eos_token_ids)
+        self.grammars = GrammarMasks(
+            partial(_tokenizer_json, model_dir), self.vocab_size, self.eos_token_ids
+        )
         self.poison_token = _poison_token_from_env()
         self.paged_kernel = paged_decode_supported(self.device, self.dtype)
         # Built off the start path (0.7 s for Gemma's head): steps use the bf16 head until then.
@@ -249,7 +236,7 @@ class ModelRunner:
                     f"{POISON_TOKEN_ENV}: request {req.request_id} has token {token}"
                 )
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, str | int]:
         return {
             "model": self.model_name,
             "device": str(self.device),
@@ -258,6 +245,14 @@ class ModelRunner:
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,
         }
+
+
+def _tokenizer_json(model_dir: Path | None) -> str:
+    """The only part of a tokenizer the core reads: llguidance builds its token table from it
+    (at the first constrained request)."""
+    if model_dir is None:
+        raise ValueError("structured outputs need the model's tokenizer.json; this runner has none")
+    return (model_dir / "tokenizer.json").read_text(encoding="utf-8")
 
 
 def _plain_greedy(r: ScheduledRequest) -> bool:

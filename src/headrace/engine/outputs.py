@@ -2,14 +2,16 @@
 
 One step is `scheduler.schedule() -> SchedulerOutput`, `runner.execute(out) -> RunnerOutput`,
 `scheduler.update(out, result) -> list[RequestOutput]`. They carry ids and `list[int]`, never
-shared mutable objects, so the runner can live in another process later.
+shared mutable objects, so the runner can live in another process later. What leaves the
+core (`RequestOutput`, `StepStats`) is in `messages`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from headrace.request import FinishReason, SamplingParams
+from headrace.engine.messages import TokenLogprobs
+from headrace.request import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -51,71 +53,8 @@ class SchedulerOutput:
 
 
 @dataclass(frozen=True)
-class TokenLogprobs:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]  # (token_id, logprob) of the most likely alternatives
-
-
-@dataclass(frozen=True)
 class RunnerOutput:
     """Sampled tokens for the requests whose ScheduledRequest had sample=True."""
 
     sampled: dict[str, int]
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """What the engine core reports for one request after a step."""
-
-    request_id: str
-    new_token_ids: list[int]
-    finish_reason: FinishReason | None = None
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-    error: str | None = None  # set with finish_reason ERROR
-    queue_time: float | None = None  # arrival -> first scheduled, seconds (set once started)
-    num_cached_tokens: int = 0  # prompt tokens the prefix cache held when first scheduled
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """Gauges and counters after one step; exported as metrics and used by the router."""
-
-    step_duration: float = 0.0  # seconds spent in schedule+execute+update
-    num_running: int = 0
-    num_waiting: int = 0
-    num_batched_tokens: int = 0
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    num_preemptions_total: int = 0
-    waiting_tokens: int = 0  # prompt tokens not yet computed, across waiting requests
-    running_tokens: int = 0  # tokens still to compute or generate, across running requests
-    # Waiting requests per priority as (priority, count, work) sorted by priority, where work is
-    # the tokens still to compute and to generate (up to max_tokens): the gateway's wait
-    # estimates. None when the engine does not report it.
-    waiting_by_priority: tuple[tuple[int, int, int], ...] | None = None
-    # Tokens computed (prefill + decode) since the engine started: throughput over wall time,
-    # step overheads included, is its change over time.
-    num_tokens_total: int = 0
-    kv_blocks_cached: int = 0  # blocks findable by prefix (owned or parked)
-    # Prompt tokens looked up in the prefix cache, and found, at each request's admission.
-    prefix_cache_queries_total: int = 0
-    prefix_cache_hits_total: int = 0
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        q = self.prefix_cache_queries_total
-        return self.prefix_cache_hits_total / q if q else 0.0
-
-    @property
-    def kv_usage(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 import torch
 
 from headrace.engine.logits_processors import apply_processors
-from headrace.engine.outputs import ScheduledRequest, TokenLogprobs
+from headrace.engine.messages import TokenLogprobs
+from headrace.engine.outputs import ScheduledRequest
 from headrace.kernels.argmax import argmax_rows
 from headrace.request import GREEDY_BELOW_TEMPERATURE
 

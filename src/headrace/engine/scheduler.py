@@ -18,14 +18,8 @@ from headrace.engine.block_manager import BlockManager
 from headrace.engine.fair_queue import FairQueue
 from headrace.engine.limits import check_fits
 from headrace.engine.logits_inputs import logits_inputs
-from headrace.engine.outputs import (
-    RequestOutput,
-    RunnerOutput,
-    ScheduledRequest,
-    SchedulerOutput,
-    StepStats,
-    TokenLogprobs,
-)
+from headrace.engine.messages import RequestOutput, StepStats, TokenLogprobs
+from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.preemption import priority_victims
 from headrace.engine.step_stats import collect_stats
 from headrace.engine.stop_checker import check_stop

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs
+from headrace.engine.messages import TokenLogprobs
+from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 
 log = logging.getLogger(__name__)
 

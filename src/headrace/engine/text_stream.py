@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from headrace.engine.client import GenerationChunk
 from headrace.engine.detokenizer import IncrementalDetokenizer, TokenDecoder
-from headrace.engine.outputs import RequestOutput
+from headrace.engine.messages import RequestOutput
 from headrace.engine.stop_strings import StopStringMatcher
 from headrace.request import FinishReason, SamplingParams
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
 
 EMA = 0.2  # weight of a new sample in the gateway's running averages
 _MIN_WINDOW_S = 0.25  # shortest busy interval a throughput sample is taken over

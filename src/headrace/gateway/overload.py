@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
 from headrace.gateway.base import Tenant
 from headrace.gateway.engine_view import EngineView
 from headrace.gateway.errors import overloaded

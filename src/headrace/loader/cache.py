@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from headrace.loader.errors import ModelLoadError
-from headrace.loader.gguf import CONVERTER_VERSION, convert_gguf
 from headrace.paths import cache_root
 
 log = logging.getLogger(__name__)
 COMPLETE = ".complete"
+# Part of the cache key: bump when the conversion's output (loader/gguf.py) changes.
+CONVERTER_VERSION = 1
 
 
 def file_digest(path: Path, root: Path | None = None) -> str:
@@ -66,6 +67,8 @@ def converted_dir(gguf_path: Path, root: Path | None = None) -> Path:
     if (target / COMPLETE).is_file():
         log.info("using cached conversion %s", target)
         return target
+    from headrace.loader.gguf import convert_gguf  # torch: only when converting
+
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=root))
     try:

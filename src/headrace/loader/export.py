@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from headrace.loader.hf import iter_tensors, load_model, read_config, read_json, safetensors_files
+from headrace.loader.files import read_json
+from headrace.loader.hf import iter_tensors, load_model, read_config, safetensors_files
 from headrace.loader.tokenizer import Tokenizer
 from headrace.models.registry import architecture_of
 

@@ -27,8 +27,6 @@ from headrace.loader.gguf_config import hf_config
 from headrace.loader.gguf_tokenizer import build_gguf_tokenizer
 
 log = logging.getLogger(__name__)
-# Part of the cache key: bump when the conversion's output changes.
-CONVERTER_VERSION = 1
 
 LAYER_NAMES = {
     "attn_norm": "input_layernorm",

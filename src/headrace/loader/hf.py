@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -13,24 +12,13 @@ import torch
 from safetensors import safe_open
 
 from headrace.loader.errors import ModelLoadError
+from headrace.loader.files import read_json
 from headrace.loader.weights import WeightLoader
 from headrace.models.base import CausalLM
 from headrace.models.registry import MODELS, architecture_of, model_class
 
 log = logging.getLogger(__name__)
 INDEX = "model.safetensors.index.json"
-
-
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: missing {what}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{path}: cannot read {what}: {e}") from e
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path}: {what} is not a JSON object")
-    return data
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -15,6 +16,17 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from headrace.loader.chat_templates import TURN_END_TOKENS, default_template
 from headrace.loader.errors import ModelLoadError
+from headrace.loader.files import read_json
+
+
+def load_tokenizer(model_dir: Path) -> Tokenizer:
+    """A model directory's tokenizer: tokenizer.json, tokenizer_config.json if there is one,
+    and config.json's architecture (which picks a default chat template)."""
+    config_path = model_dir / "tokenizer_config.json"
+    config = read_json(config_path, "tokenizer config") if config_path.is_file() else None
+    archs = read_json(model_dir / "config.json", "config.json").get("architectures") or []
+    arch = archs[0] if archs and isinstance(archs[0], str) else None
+    return Tokenizer.from_file(model_dir / "tokenizer.json", config, arch)
 
 
 class Tokenizer:
@@ -61,8 +73,8 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     @property
     def chat_template(self) -> str | None:

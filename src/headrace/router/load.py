@@ -13,13 +13,14 @@ step that saw it. Erring this way counts a request twice for a step or two, neve
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from headrace.engine.outputs import StepStats
+import msgspec
+
+from headrace.engine.messages import StepStats
 
 SETTLE_REPORTS = 3
 NOT_REPORTED_FREE_BLOCKS = 1 << 30  # a replica yet to report is empty: it wins a tie
@@ -98,7 +99,7 @@ def sum_stats(stats: Iterable[StepStats]) -> StepStats:
     by_priority: dict[int, tuple[int, int]] = {}
     reported = False
     for s in stats:
-        for f in dataclasses.fields(StepStats):
+        for f in msgspec.structs.fields(StepStats):
             value = getattr(s, f.name)
             if f.name == "waiting_by_priority":
                 reported = reported or value is not None

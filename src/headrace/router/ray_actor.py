@@ -24,12 +24,12 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.async_engine import AsyncEngine
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
+from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
 
 log = logging.getLogger("headrace.router")
@@ -43,7 +43,7 @@ class ReplicaReady:
 
     model_name: str
     max_model_len: int
-    tokenizer: Any
+    tokenizer: Tokenizer
     node_id: str
     node_ip: str
     settings: str = ""  # the configs it was created with: a front end that attaches compares

@@ -30,7 +30,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
+from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.ray_actor import Pulled, Refusal, ReplicaReady
 from headrace.router.wire import time_left
@@ -80,7 +81,7 @@ class RayEngine:
         return self.ready.max_model_len
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         return self.ready.tokenizer
 
     @property
@@ -93,6 +94,13 @@ class RayEngine:
         return not self._closed and self._failure is None
 
     @property
+    def pid(self) -> int | None:
+        return None  # in a Ray actor, maybe on another machine
+
+    def describe(self) -> dict[str, object]:
+        return {"node_id": self.ready.node_id, "node_ip": self.ready.node_ip}
+
+    @property
     def num_open_requests(self) -> int:
         return len(self._streams)
 
@@ -102,11 +110,10 @@ class RayEngine:
     async def generate(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt_token_ids: list[int],
         params: SamplingParams,
         options: GenerateOptions | None = None,
     ) -> AsyncIterator[GenerationChunk]:
-        ids = prompt if isinstance(prompt, list) else self.tokenizer.encode(prompt)
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not self.is_healthy:
@@ -117,7 +124,9 @@ class RayEngine:
         opts = time_left(options or GenerateOptions())  # another machine's clock
         finished = False
         try:
-            ref = self._actor.submit.remote(request_id, list(ids), params, opts, self._client)
+            ref = self._actor.submit.remote(
+                request_id, list(prompt_token_ids), params, opts, self._client
+            )
             self._on_failure(ref.future())
             while not finished:
                 item = await queue.get()

@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.outputs import StepStats
-from headrace.loader.tokenizer import Tokenizer
+from headrace.engine.messages import StepStats
+from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.wire import chunk_from_json, request_json, stats_from_json
 
@@ -43,7 +43,7 @@ class RemoteEngine:
         client: httpx.AsyncClient,
         model: str,
         max_model_len: int,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         poll_interval_s: float = POLL_INTERVAL_S,
         read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
@@ -64,7 +64,7 @@ class RemoteEngine:
         url: str,
         model: str | None = None,
         *,
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
         api_key: str | None = None,
         poll_interval_s: float = POLL_INTERVAL_S,
         read_timeout_s: float = READ_TIMEOUT_S,
@@ -108,7 +108,7 @@ class RemoteEngine:
         return self._max_model_len
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         return self._tokenizer
 
     @property
@@ -120,18 +120,25 @@ class RemoteEngine:
     def is_healthy(self) -> bool:
         return not self._closed and self._failure is None
 
+    @property
+    def pid(self) -> int | None:
+        return None  # on another server
+
+    def describe(self) -> dict[str, object]:
+        return {"url": self.url}
+
     def stats(self) -> StepStats:
         return self._stats
 
     async def generate(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt_token_ids: list[int],
         params: SamplingParams,
         options: GenerateOptions | None = None,
     ) -> AsyncIterator[GenerationChunk]:
-        ids = prompt if isinstance(prompt, list) else self._tokenizer.encode(prompt)
-        body = request_json(request_id, self._model, ids, params, options or GenerateOptions())
+        opts = options or GenerateOptions()
+        body = request_json(request_id, self._model, prompt_token_ids, params, opts)
         if not self.is_healthy:
             yield _error(request_id, f"remote replica {self.url} is down: {self._failure}")
             return
@@ -261,8 +268,11 @@ async def _check_replica_api(client: httpx.AsyncClient, model: str) -> None:
 async def _fetch_tokenizer(client: httpx.AsyncClient, model: str) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
+    from headrace.loader.tokenizer import Tokenizer as ModelTokenizer
+
     data = await _get_json(client, "/v1/replica/tokenizer", model=model)
-    return Tokenizer(HFTokenizer.from_str(data["tokenizer"]), data.get("config"))
+    tok = HFTokenizer.from_str(data["tokenizer"])
+    return ModelTokenizer(tok, data.get("config"), data.get("architecture"))
 
 
 def _error(request_id: str, message: str) -> GenerationChunk:

@@ -14,9 +14,9 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from headrace.engine.client import EngineClient
+from headrace.engine.tokenizer import Tokenizer
 from headrace.router.load import LoadTracker
 from headrace.router.policies import Candidate
 from headrace.router.prefix_index import PrefixIndex
@@ -39,7 +39,7 @@ class ReplicaInfo:
 
     model_name: str
     max_model_len: int
-    tokenizer: Any
+    tokenizer: Tokenizer
 
 
 class Replica:
@@ -75,8 +75,7 @@ class Replica:
 
     @property
     def pid(self) -> int | None:
-        pid = getattr(self.engine, "pid", None)
-        return pid if isinstance(pid, int) else None
+        return self.engine.pid
 
     def observe(self) -> None:
         self.load.observe(self.engine.stats())

@@ -16,11 +16,11 @@ frequency penalties, whose state lives in the dead engine and cannot be rebuilt 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from headrace.engine.client import GenerationChunk
 from headrace.engine.detokenizer import IncrementalDetokenizer
 from headrace.engine.stop_strings import StopStringMatcher
+from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
 
 _REPLACEMENT = "\ufffd"
@@ -30,7 +30,7 @@ class ResumableStream:
     """One routed request's progress, as the caller has received it."""
 
     def __init__(
-        self, prompt_ids: list[int], params: SamplingParams, max_resumes: int, tokenizer: Any
+        self, prompt_ids: list[int], params: SamplingParams, max_resumes: int, tokenizer: Tokenizer
     ) -> None:
         self.prompt_ids = prompt_ids
         self.params = params

@@ -19,11 +19,12 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from headrace.config import RouterConfig
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
+from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.deadlines import time_left_since
 from headrace.router.load import sum_stats
@@ -99,12 +100,22 @@ class Router:
         return min(r.info.max_model_len for r in self.replicas)
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         return self.replicas[0].info.tokenizer
 
     @property
     def is_healthy(self) -> bool:
-        return not self._closed and any(r.serving for r in self.replicas)
+        return self.failure is None
+
+    @property
+    def failure(self) -> str | None:
+        if self._closed:
+            return "the router is shut down"
+        return None if any(r.serving for r in self.replicas) else "no replica is in rotation"
+
+    @property
+    def pid(self) -> int | None:
+        return None  # each replica has its own (describe() lists them)
 
     def stats(self) -> StepStats:
         """The sum over the replicas in rotation."""
@@ -116,11 +127,11 @@ class Router:
     async def generate(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt_token_ids: list[int],
         params: SamplingParams,
         options: GenerateOptions | None = None,
     ) -> AsyncIterator[GenerationChunk]:
-        ids = self._encode(prompt)
+        ids = list(prompt_token_ids)
         opts = options or GenerateOptions()
         salt = opts.tenant if opts.cache_salt is None else opts.cache_salt  # as the engine's
         affinity = self.policy.uses_prefixes and len(self.replicas) > 1
@@ -298,11 +309,6 @@ class Router:
             return False
         replica.mark_down(chunk.error or "it failed")
         return True
-
-    def _encode(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
-        return list(prompt)
 
     def describe(self) -> dict[str, object]:
         """The replicas' states and loads, for /health and /v1/stats."""

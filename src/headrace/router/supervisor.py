@@ -71,7 +71,7 @@ class Supervisor:
             if replica.restart_attempts and stable_s > self.config.restart_backoff_max_s:
                 replica.restart_attempts = 0  # it stayed up: the next failure starts afresh
             if not replica.engine.is_healthy:
-                replica.mark_down(getattr(replica.engine, "failure", None) or "its engine is gone")
+                replica.mark_down(replica.engine.failure or "its engine is gone")
             elif replica.starter is not None and (
                 replica.load.silent_for() > self.config.replica_stall_timeout_s
             ):

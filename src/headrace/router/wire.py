@@ -13,8 +13,10 @@ import dataclasses
 import time
 from typing import Any
 
+import msgspec
+
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.outputs import StepStats, TokenLogprobs
+from headrace.engine.messages import StepStats, TokenLogprobs
 from headrace.request import FinishReason, SamplingParams
 
 MIN_TIMEOUT_S = 0.001  # what is left of a deadline that ran out on the way: it ends at once
@@ -62,8 +64,7 @@ def time_left(options: GenerateOptions, now: float | None = None) -> GenerateOpt
 
 
 def chunk_json(chunk: GenerationChunk) -> dict[str, Any]:
-    data = dataclasses.asdict(chunk)
-    data["finish_reason"] = str(chunk.finish_reason) if chunk.finish_reason else None
+    data: dict[str, Any] = msgspec.to_builtins(chunk)  # the finish reason as its string
     return data
 
 
@@ -91,12 +92,10 @@ def chunk_from_json(data: dict[str, Any]) -> GenerationChunk:
 
 
 def stats_json(stats: StepStats) -> dict[str, Any]:
-    return dataclasses.asdict(stats)
+    data: dict[str, Any] = msgspec.to_builtins(stats)
+    return data
 
 
 def stats_from_json(data: dict[str, Any]) -> StepStats:
-    names = {f.name for f in dataclasses.fields(StepStats)}
-    fields = {k: v for k, v in data.items() if k in names}
-    if fields.get("waiting_by_priority") is not None:
-        fields["waiting_by_priority"] = tuple(tuple(x) for x in fields["waiting_by_priority"])
-    return StepStats(**fields)
+    """Fields this version does not know are ignored (a newer server may send more)."""
+    return msgspec.convert(data, StepStats)
