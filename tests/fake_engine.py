@@ -16,9 +16,18 @@ class FakeEngine:
     tokenizer: Any = None
     healthy = True
 
+    pid = None
+
     @property
     def is_healthy(self) -> bool:
         return self.healthy
+
+    @property
+    def failure(self) -> str | None:
+        return None if self.healthy else "the fake engine is down"
+
+    def describe(self) -> dict[str, object]:
+        return {}
 
     def stats(self) -> StepStats:
         return StepStats()
