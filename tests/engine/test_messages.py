@@ -86,14 +86,20 @@ def test_every_message_round_trips_unchanged() -> None:
 
 def test_the_decoder_refuses_a_message_of_the_wrong_shape() -> None:
     good = msgspec.to_builtins(EngineCoreRequest("r", [1, 2], SamplingParams()))
+    assert decode_to_core(msgspec.msgpack.encode(good)) == EngineCoreRequest(
+        "r", [1, 2], SamplingParams()
+    )
+    position = {name: i + 1 for i, name in enumerate(EngineCoreRequest.__struct_fields__)}
     for field, value in [
         ("prompt_token_ids", ["one", "two"]),
         ("weight", "heavy"),
         ("params", {"max_tokens": 0}),  # SamplingParams' own checks run on decode
         ("params", {"temperature": -1.0}),
     ]:
+        bad = list(good)  # [tag, request_id, prompt_token_ids, params, ...]
+        bad[position[field]] = value
         with pytest.raises(msgspec.ValidationError):
-            decode_to_core(msgspec.msgpack.encode({**good, field: value}))
+            decode_to_core(msgspec.msgpack.encode(bad))
     with pytest.raises(msgspec.ValidationError):  # a reply is not something a core takes
         decode_to_core(encode(CoreFailed("x")))
     with pytest.raises(msgspec.DecodeError):
@@ -111,8 +117,7 @@ def test_a_core_process_drops_unreadable_messages_and_keeps_serving(tiny_model_d
             before = [t async for c in engine.generate("a", ids, greedy) for t in c.token_ids]
             inbox = engine._conn._inbox  # type: ignore[attr-defined]  # the raw socket
             inbox.send(b"\xc1 garbage")
-            bad = {"type": "request", "request_id": "x", "prompt_token_ids": "no", "params": {}}
-            inbox.send(msgspec.msgpack.encode(bad))
+            inbox.send(msgspec.msgpack.encode(["request", "x", "not ids", {}]))
             after = [t async for c in engine.generate("b", ids, greedy) for t in c.token_ids]
             return before, after, engine.is_healthy
         finally:
