@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api.helpers import Server, make_tiny_llama, serving, sse_events, tiny_server_args
+from factories import Server, make_tiny_llama, serving, sse_events, tiny_server_args
 from tokenizers import Tokenizer
 
 from headrace.gateway.auth import hash_key
