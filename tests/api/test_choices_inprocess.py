@@ -34,9 +34,9 @@ class ScriptedEngine(FakeEngine):
         self.aborted: list[str] = []
         self.seeds: dict[str, int | None] = {}
 
-    async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams,
-        options: GenerateOptions | None = None,
+    async def stream(
+        self, request_id: str, prompt: list[int], params: SamplingParams,
+        options: GenerateOptions | None,
     ) -> AsyncIterator[GenerationChunk]:  # fmt: skip
         self.events.append(f"start {request_id}")
         self.seeds[request_id] = params.seed
