@@ -123,15 +123,18 @@ def text_chunks(
     *,
     prompt_tokens: int = 0,
     first_id: int = 10,
+    queue_time: float | None = 0.001,
     **last: Any,
 ) -> list[GenerationChunk]:
     """One chunk per piece of text, one token each (ids from `first_id`), counting completion
-    tokens as an engine does; the last says `finish` and takes `last`'s fields (error, ...)."""
+    tokens as an engine does; the first carries the time queued, the last says `finish` and
+    takes `last`'s fields (error, cached_tokens, ...)."""
     chunks = [
         GenerationChunk(
             "", text, [first_id + i], prompt_tokens=prompt_tokens, completion_tokens=i + 1
         )
         for i, text in enumerate(pieces)
-    ]
-    end = chunks.pop() if chunks else GenerationChunk("", "", [], prompt_tokens=prompt_tokens)
-    return [*chunks, dataclasses.replace(end, finish_reason=finish, **last)]
+    ] or [GenerationChunk("", "", [], prompt_tokens=prompt_tokens)]
+    chunks[0] = dataclasses.replace(chunks[0], queue_time=queue_time)
+    chunks[-1] = dataclasses.replace(chunks[-1], finish_reason=finish, **last)
+    return chunks
