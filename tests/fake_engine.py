@@ -64,7 +64,7 @@ class FakeEngine:
 
 
 @dataclasses.dataclass(frozen=True)
-class Request:
+class SeenRequest:
     """What a `ScriptEngine` was asked."""
 
     request_id: str
@@ -76,7 +76,7 @@ class Request:
 # A script step: a chunk to send (its request id is replaced), an exception to raise, or a
 # number of seconds to wait.
 Step = GenerationChunk | BaseException | float
-Script = Sequence[Step] | Callable[[Request], Sequence[Step]]
+Script = Sequence[Step] | Callable[[SeenRequest], Sequence[Step]]
 
 
 class ScriptEngine(FakeEngine):
@@ -91,7 +91,7 @@ class ScriptEngine(FakeEngine):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.model_name = model_name
-        self.requests: list[Request] = []
+        self.requests: list[SeenRequest] = []
         self.aborted: list[str] = []
         self.closed: list[str] = []
 
@@ -99,7 +99,7 @@ class ScriptEngine(FakeEngine):
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
         options: GenerateOptions | None,
     ) -> AsyncIterator[GenerationChunk]:  # fmt: skip
-        request = Request(request_id, prompt_token_ids, params, options)
+        request = SeenRequest(request_id, prompt_token_ids, params, options)
         self.requests.append(request)
         steps = self.script(request) if callable(self.script) else self.script
         try:
