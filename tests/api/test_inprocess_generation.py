@@ -16,7 +16,7 @@ from fake_engine import ScriptEngine, text_chunks
 from api.inprocess import events, request, script_engine
 from api.route_coverage import covers
 from headrace.config import ServerConfig
-from headrace.engine.outputs import TokenLogprobs
+from headrace.engine.messages import TokenLogprobs
 from headrace.request import FinishReason
 
 PROMPT = "The quick brown fox"

@@ -18,7 +18,7 @@ from gateway.test_internal_routes import WIRE_CASES, replica_body, wire_change
 from api.inprocess import connect, events, make_app, request, script_engine
 from api.route_coverage import covers
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
 from headrace.gateway.access import InternalAccess
 from headrace.gateway.auth import KeyStore, hash_key
 from headrace.gateway.base import OpenGateway
@@ -133,8 +133,10 @@ def test_abort_reaches_the_models_engine_only() -> None:
 def test_the_tokenizer_goes_to_a_front_end_that_has_no_files() -> None:
     r = send(script_engine(), TOKENIZER, params={"model": "m"})
     assert r.json() == {"tokenizer": chat_tokenizer().backend.to_str(),
-                        "config": CHAT_TOKENIZER_CONFIG}  # fmt: skip
+                        "config": CHAT_TOKENIZER_CONFIG, "architecture": "llama"}  # fmt: skip
     assert send(script_engine(), TOKENIZER, params={"model": "x"}).status_code == 404
+    stand_in = ScriptEngine([], tokenizer=object())  # no tokenizer file to send
+    assert send(stand_in, TOKENIZER, params={"model": "m"}).status_code == 404
     assert send(script_engine(), TOKENIZER).status_code == 400
 
 

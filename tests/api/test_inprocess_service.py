@@ -11,7 +11,7 @@ from fake_engine import FakeEngine
 
 from api.inprocess import make_app, request, script_engine, session
 from api.route_coverage import covers
-from headrace.engine.outputs import StepStats
+from headrace.engine.messages import StepStats
 from headrace.gateway.access import InternalAccess
 from headrace.gateway.auth import KeyStore, hash_key
 from headrace.gateway.base import OpenGateway
