@@ -7,8 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from api.helpers import Server, make_tiny_llama, start_server, tiny_server_args
+from factories import Server, make_tiny_llama, serving, tiny_server_args
 
 
 @pytest.fixture(scope="session")
@@ -19,13 +18,8 @@ def api_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def api_server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One tiny-model server for the whole API suite; it must stop cleanly (exit code 0)."""
-    server = start_server(tiny_server_args(api_model_dir), tmp_path_factory.mktemp("logs"))
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        code = server.stop()
-    assert code == 0, server.log()
+    args = tiny_server_args(api_model_dir)
+    yield from serving(args, tmp_path_factory.mktemp("logs"), exits=(0,))
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from api.helpers import Server, serving, sse_events, tiny_server_args
+from factories import Server, serving, sse_events, tiny_server_args
 
 # 40 words: more than two KV blocks of 16 tokens, so choices 1.. reuse choice 0's prompt.
 PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 4) + " and then"

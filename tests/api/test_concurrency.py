@@ -7,8 +7,7 @@ import json
 import time
 
 import httpx
-
-from api.helpers import Server, read_metrics, sse_events
+from factories import Server, read_metrics, sse_events
 
 PROMPTS = [f"Prompt number {i}: the quick brown fox {'jumps ' * (i % 5)}" for i in range(16)]
 

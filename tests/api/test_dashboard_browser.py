@@ -13,9 +13,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from factories import Server, make_tiny_llama, start_server, tiny_server_args
 
 from api.dashboard_mix import ADMIN, Load, tenants_yaml
-from api.helpers import Server, make_tiny_llama, start_server, tiny_server_args
 
 CHROMIUM = "/usr/bin/chromium"
 OUT = Path(__file__).resolve().parents[2] / "bench" / "out"

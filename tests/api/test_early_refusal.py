@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from factories import Server, make_tiny_llama, serving, tiny_server_args, write_tenants
 
-from api.helpers import Server, make_tiny_llama, serving, tiny_server_args, write_tenants
 from headrace.gateway.auth import hash_key
 
 TENANTS = f"""

@@ -6,8 +6,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from api.helpers import MAX_MODEL_LEN, Server, read_metrics
+from factories import MAX_MODEL_LEN, Server, read_metrics
 
 CHAT = [{"role": "user", "content": "hi"}]
 OVER_CONTEXT = MAX_MODEL_LEN + 10

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
+from factories import Server, serving, tiny_server_args
 
-from api.helpers import Server, serving, tiny_server_args
 from headrace.api.prompts import MAX_CHAT_MESSAGES, encode_chat
 from headrace.config import ServerConfig
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from factories import Server, make_tiny_llama, serving, tiny_server_args, write_tenants
 from schemathesis.checks import not_a_server_error
 
-from api.helpers import Server, make_tiny_llama, serving, tiny_server_args, write_tenants
 from api.test_schemathesis import run_schemathesis
 from headrace.gateway.auth import hash_key
 

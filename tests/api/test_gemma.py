@@ -7,8 +7,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-
-from api.helpers import Server, start_server
+from factories import Server, start_server
 
 pytestmark = pytest.mark.gemma
 

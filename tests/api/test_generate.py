@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import httpx
+from factories import Server, sse_events
 from transformers import AutoTokenizer
-
-from api.helpers import Server, sse_events
 
 PROMPT = "The quick brown fox"
 

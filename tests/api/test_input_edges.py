@@ -9,8 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from api.helpers import Server, read_metrics
+from factories import Server, read_metrics
 
 CHAT = [{"role": "user", "content": "hi"}]
 

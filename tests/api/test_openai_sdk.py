@@ -7,9 +7,8 @@ from pathlib import Path
 
 import openai
 import pytest
+from factories import Server
 from transformers import AutoTokenizer
-
-from api.helpers import Server
 
 PROMPT = "Once upon a time"
 MESSAGES = [

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from api.helpers import Server, read_metrics, serving, sse_events, tiny_server_args
+from factories import Server, read_metrics, serving, sse_events, tiny_server_args
 
 POISON = 300
 GOOD = [

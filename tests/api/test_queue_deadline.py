@@ -11,8 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from api.helpers import Server, serving, tiny_server_args
+from factories import Server, serving, tiny_server_args
 
 DEADLINE_S = 0.1  # far below the ~0.4 s the running 400-token request takes
 LONG = {"prompt": "Hello there", "max_tokens": 400, "ignore_eos": True, "stream": True}

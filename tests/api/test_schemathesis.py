@@ -6,6 +6,7 @@ from typing import Any
 
 import hypothesis
 import schemathesis
+from factories import Server
 from hypothesis import HealthCheck
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -13,8 +14,6 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-
-from api.helpers import Server
 
 EXAMPLES_PER_ROUTE = 30
 ROUTES = {

@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
-
-from api.helpers import Server, start_server, tiny_server_args
+from factories import Server, start_server, tiny_server_args
 
 
 def child_pids(pid: int) -> list[int]:

@@ -14,9 +14,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from factories import Server, serving
 from pydantic import BaseModel, Field
-
-from api.helpers import Server, serving
 
 pytestmark = pytest.mark.gemma
 

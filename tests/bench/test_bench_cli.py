@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,18 +10,11 @@ from pathlib import Path
 import jsonschema
 import matplotlib.image
 import pytest
+from factories import free_port
 
 from headrace.bench.report import load_schema
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

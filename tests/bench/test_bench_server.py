@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import jsonschema
 import pytest
-from api.helpers import make_tiny_llama, start_server, tiny_server_args
+from factories import make_tiny_llama, start_server, tiny_server_args
 
 from headrace.bench.report import load_schema
 from headrace.bench.scrape import parse_metrics

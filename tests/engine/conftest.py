@@ -1,213 +1,33 @@
-"""Engine test factories: a deterministic fake runner over a simulated paged KV cache.
-
-The fake runner writes every scheduled token into its own block pool through the block table
-it is handed, and computes the next token from what it reads back — so a wrong block table,
-position or recompute after preemption changes the output. Unit tests only; the real-model
-tests use tiny random-weight Hugging Face models.
-"""
+"""Engine test fixtures over the factories (`factories.engine`, `factories.tokenizers`,
+`factories.models`): the fake runner and core, requests, tokenizers and one tiny model."""
 
 from __future__ import annotations
 
-import json
-import time
-import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from factories import (
+    FakeCore,
+    FakeRunner,
+    TokenizerAdapter,
+    fake_reference,
+    make_byte_level_tokenizer,
+    make_prompt,
+    make_request,
+    make_scheduler,
+    make_sentencepiece_tokenizer,
+    make_tiny_llama,
+)
+from tokenizers import Tokenizer
 
-from headrace.config import SchedulerConfig
-from headrace.engine.block_manager import BlockManager
-from headrace.engine.engine_core import EngineCore
-from headrace.engine.messages import EngineCoreRequest, RequestOutput, StepStats
-from headrace.engine.outputs import RunnerOutput, SchedulerOutput
 from headrace.engine.scheduler import Scheduler
-from headrace.engine.waiting_queue import WaitingQueue
-from headrace.request import Request, SamplingParams
-
-FAKE_VOCAB = 101
-FAKE_EOS = 0
-
-
-def fake_next_token(history: Sequence[int], params: SamplingParams, num_output: int) -> int:
-    """The fake model: a hash of all previous tokens (and of seed and step when sampling)."""
-    data = ",".join(map(str, history))
-    if not params.greedy:
-        data += f"|{params.seed}|{num_output}"
-    return zlib.crc32(data.encode()) % FAKE_VOCAB
-
-
-def fake_reference(
-    prompt: list[int], params: SamplingParams, max_model_len: int = 10**9
-) -> list[int]:
-    """What the fake model generates for one request run alone."""
-    out: list[int] = []
-    while True:
-        tok = fake_next_token(prompt + out, params, len(out))
-        out.append(tok)
-        stop = (tok == FAKE_EOS and not params.ignore_eos) or tok in params.stop_token_ids
-        if stop or len(out) >= params.max_tokens or len(prompt) + len(out) >= max_model_len:
-            return out
-
-
-class FakeRunner:
-    def __init__(
-        self,
-        num_kv_blocks: int = 64,
-        block_size: int = 4,
-        max_model_len: int = 256,
-        fail_when: Callable[[SchedulerOutput], bool] | None = None,
-        step_delay_s: float = 0.0,
-        tokenizer: object | None = None,
-        poison_full_blocks: bool = False,
-    ) -> None:
-        self.num_kv_blocks = num_kv_blocks
-        self.block_size = block_size
-        self.max_model_len = max_model_len
-        self.eos_token_ids = (FAKE_EOS,)
-        self.kv: list[list[int | None]] = [[None] * block_size for _ in range(num_kv_blocks)]
-        self.steps: list[SchedulerOutput] = []
-        self.owner: dict[int, str] = {}  # block -> the request that last wrote it
-        self.fail_when = fail_when
-        self.step_delay_s = step_delay_s
-        self.tokenizer = tokenizer
-        self.model_name = "fake"
-        # A full block may outlive its request in the prefix cache: poisoned only when the
-        # engine caches nothing.
-        self.poison_full_blocks = poison_full_blocks
-
-    def describe(self) -> dict[str, str | int]:
-        return {"model": self.model_name, "device": "fake"}
-
-    def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        self.steps.append(out)
-        if self.step_delay_s:
-            time.sleep(self.step_delay_s)
-        if self.fail_when is not None and self.fail_when(out):
-            raise RuntimeError("injected failure")
-        # A finished request's blocks are poisoned so that a stale read fails loudly.
-        for rid in out.finished_ids:
-            for block, owner in list(self.owner.items()):
-                full = None not in self.kv[block]
-                if owner == rid and (self.poison_full_blocks or not full):
-                    self.kv[block] = [None] * self.block_size
-                    del self.owner[block]
-        sampled = {}
-        bs = self.block_size
-        for s in out.scheduled:
-            assert len(s.block_ids) * bs >= s.start_pos + len(s.token_ids)
-            for i, tok in enumerate(s.token_ids):
-                pos = s.start_pos + i
-                self.kv[s.block_ids[pos // bs]][pos % bs] = tok
-                self.owner[s.block_ids[pos // bs]] = s.request_id
-            if s.sample:
-                end = s.start_pos + len(s.token_ids)
-                history = [self.kv[s.block_ids[p // bs]][p % bs] for p in range(end)]
-                assert None not in history
-                sampled[s.request_id] = fake_next_token(
-                    [t for t in history if t is not None], s.params, s.num_output_tokens
-                )
-        return RunnerOutput(sampled=sampled)
-
-
-def make_scheduler(
-    num_blocks: int = 64,
-    block_size: int = 4,
-    max_model_len: int = 256,
-    enable_prefix_caching: bool = False,
-    **cfg: object,
-) -> Scheduler:
-    return Scheduler(
-        SchedulerConfig(**cfg),  # type: ignore[arg-type]
-        BlockManager(num_blocks, block_size, enable_prefix_caching),
-        max_model_len,
-    )
-
-
-def make_request(
-    rid: str,
-    prompt_len: int = 8,
-    max_tokens: int = 8,
-    priority: int = 1,
-    arrival: float = 0.0,
-    **params: object,
-) -> Request:
-    return Request(
-        request_id=rid,
-        prompt_token_ids=make_prompt(zlib.crc32(rid.encode()), prompt_len),
-        params=SamplingParams(max_tokens=max_tokens, **params),  # type: ignore[arg-type]
-        eos_token_ids=(FAKE_EOS,),
-        priority=priority,
-        arrival_time=arrival,
-    )
-
-
-_OPTION_FIELDS = (
-    "priority", "tenant", "weight", "timeout_s", "queue_timeout_s", "arrival_time", "cache_salt",
-)  # fmt: skip
-
-
-def make_prompt(seed: int, length: int) -> list[int]:
-    return [1 + zlib.crc32(f"{seed}:{i}".encode()) % (FAKE_VOCAB - 1) for i in range(length)]
-
-
-class FakeEngine:
-    """An EngineCore on a FakeRunner that checks the block invariants after every step."""
-
-    def __init__(
-        self,
-        runner: FakeRunner | None = None,
-        clock: Callable[[], float] | None = None,
-        queue: WaitingQueue | None = None,
-        enable_prefix_caching: bool = False,
-        **cfg: object,
-    ) -> None:
-        self.runner = runner or FakeRunner(poison_full_blocks=not enable_prefix_caching)
-        self.now = 0.0
-        self.core = EngineCore(
-            SchedulerConfig(**cfg),  # type: ignore[arg-type]
-            self.runner,
-            queue,
-            clock or (lambda: self.now),
-            enable_prefix_caching=enable_prefix_caching,
-        )
-        self.tokens: dict[str, list[int]] = {}
-        self.finished: dict[str, RequestOutput] = {}
-        self.stats: list[StepStats] = []
-
-    def add(self, rid: str, prompt: list[int], **kw: object) -> None:
-        opts = {k: kw.pop(k) for k in list(kw) if k in _OPTION_FIELDS}
-        self.core.add_request(
-            EngineCoreRequest(rid, prompt, SamplingParams(**kw), **opts)  # type: ignore[arg-type]
-        )
-
-    def step(self) -> list[RequestOutput]:
-        self.now += 0.001
-        outputs, stats = self.core.step()
-        self.stats.append(stats)
-        for o in outputs:
-            self.tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if o.finished:
-                self.finished[o.request_id] = o
-        sched = self.core.scheduler
-        self.core.block_manager.check_invariants(
-            {r.request_id: r.num_computed_tokens for r in sched.running}
-        )
-        assert stats.kv_blocks_used == self.core.block_manager.num_used_blocks
-        return outputs
-
-    def run(self, max_steps: int = 10_000) -> None:
-        for _ in range(max_steps):
-            if not self.core.has_work():
-                return
-            self.step()
-        raise AssertionError("engine did not drain")
+from headrace.request import Request
 
 
 @pytest.fixture
-def fake_engine() -> Callable[..., FakeEngine]:
-    return FakeEngine
+def fake_engine() -> Callable[..., FakeCore]:
+    return FakeCore
 
 
 @pytest.fixture
@@ -235,52 +55,6 @@ def fake_reference_fixture() -> Callable[..., list[int]]:
     return fake_reference
 
 
-_CORPUS = [
-    "Hello world, this is a small corpus for the tokenizer.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Stop strings are cut exactly. END of story.",
-    "numbers 12345 and more words here; the end.",
-]
-
-
-def make_sentencepiece_tokenizer() -> Tokenizer:
-    """A Llama/Gemma-style tokenizer: Metaspace word boundaries, BPE with byte fallback."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.decoder = decoders.Sequence(
-        [
-            decoders.Replace("▁", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(" ", 1, 0),
-        ]
-    )
-    trainer = trainers.BpeTrainer(
-        vocab_size=150, special_tokens=["<pad>", "<eos>", "<bos>"], limit_alphabet=60
-    )
-    tok.train_from_iterator(_CORPUS * 10, trainer)
-    spec = json.loads(tok.to_str())
-    vocab = spec["model"]["vocab"]
-    for byte in range(256):  # rare characters fall back to their UTF-8 bytes
-        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
-    spec["model"]["byte_fallback"] = True
-    return Tokenizer.from_str(json.dumps(spec))
-
-
-def make_byte_level_tokenizer() -> Tokenizer:
-    """A GPT-2-style tokenizer: byte-level BPE, multi-byte characters split across tokens."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(_CORPUS * 10, trainer)
-    return tok
-
-
 @pytest.fixture(scope="session")
 def sp_tokenizer() -> Tokenizer:
     return make_sentencepiece_tokenizer()
@@ -291,61 +65,12 @@ def byte_level_tokenizer() -> Tokenizer:
     return make_byte_level_tokenizer()
 
 
-class TokenizerAdapter:
-    """A `tokenizers.Tokenizer` with the interface of headrace.loader.tokenizer.Tokenizer."""
-
-    def __init__(self, tok: Tokenizer, eos_token_ids: tuple[int, ...] = (FAKE_EOS,)) -> None:
-        self.tok = tok
-        self.eos_token_ids = eos_token_ids
-        self.vocab_size = tok.get_vocab_size()
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.tok.encode(text, add_special_tokens=add_special_tokens).ids)
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return str(self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
-
-
 @pytest.fixture
 def fake_tokenizer(sp_tokenizer: Tokenizer) -> TokenizerAdapter:
     return TokenizerAdapter(sp_tokenizer)
 
 
-def make_tiny_llama(path: Path, seed: int = 0) -> Path:
-    """A random-weight Llama (hidden 64, 2 layers) with the SentencePiece-style tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = make_sentencepiece_tokenizer()
-    path.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path / "tokenizer.json"))
-    tok_config = {
-        "bos_token": "<bos>",
-        "eos_token": "<eos>",
-        "pad_token": "<pad>",
-        "add_bos_token": True,
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }
-    (path / "tokenizer_config.json").write_text(json.dumps(tok_config))
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=tok.token_to_id("<bos>"),
-        eos_token_id=tok.token_to_id("<eos>"),
-        pad_token_id=tok.token_to_id("<pad>"),
-        tie_word_embeddings=False,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tiny random-weight model directory for the engine's real-model tests."""
-    return make_tiny_llama(tmp_path_factory.mktemp("engine") / "tiny-llama")
+    return make_tiny_llama(tmp_path_factory.mktemp("engine") / "tiny-llama", "sentencepiece")

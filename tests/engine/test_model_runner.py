@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from models.tiny import VOCAB, make_tiny
+from factories import VOCAB, make_tiny
 
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.model_runner import ModelRunner

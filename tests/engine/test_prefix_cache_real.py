@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from models.tiny import VOCAB, hf_greedy, make_tiny
+from factories import VOCAB, hf_greedy, make_tiny
 
 from headrace.config import CacheConfig, SchedulerConfig
 from headrace.engine.engine_core import EngineCore

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import random
 
-from conftest import FakeEngine, FakeRunner, fake_reference, make_prompt
+from factories import FakeCore, FakeRunner, fake_reference, make_prompt
 
 from headrace.request import FinishReason, SamplingParams
 
 GREEDY = {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
 
 
-def _engine(**kw: object) -> FakeEngine:
-    return FakeEngine(enable_prefix_caching=True, **kw)
+def _engine(**kw: object) -> FakeCore:
+    return FakeCore(enable_prefix_caching=True, **kw)
 
 
-def _check(engine: FakeEngine, prompts: dict[str, list[int]], **params: object) -> None:
+def _check(engine: FakeCore, prompts: dict[str, list[int]], **params: object) -> None:
     for rid, prompt in prompts.items():
         ref = fake_reference(prompt, SamplingParams(**{**GREEDY, **params}))  # type: ignore[arg-type]
         assert engine.tokens[rid] == ref, rid
@@ -134,7 +134,7 @@ def test_chunked_prefill_after_a_hit_computes_only_the_rest() -> None:
 
 
 def test_without_prefix_caching_nothing_is_reused() -> None:
-    e = FakeEngine()
+    e = FakeCore()
     prompt = make_prompt(1, 20)
     e.add("a", prompt, **GREEDY)
     e.run()

@@ -44,7 +44,7 @@ def test_a_poisoned_request_fails_alone_and_the_batch_gets_its_tokens_in_the_sam
     engine.add("bad", make_prompt(99, 7), **GREEDY)
     for i, rid in enumerate(GOOD[4:], start=4):
         engine.add(rid, make_prompt(i, 5 + i), **GREEDY)
-    engine.step()  # FakeEngine checks the block invariants after every step
+    engine.step()  # FakeCore checks the block invariants after every step
     assert {rid: len(engine.tokens[rid]) for rid in GOOD} == dict.fromkeys(GOOD, 1)
     assert engine.finished["bad"].finish_reason is FinishReason.ERROR
     assert "injected failure" in (engine.finished["bad"].error or "")

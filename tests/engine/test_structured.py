@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_sentencepiece_tokenizer, make_tiny_llama
+from factories import make_sentencepiece_tokenizer
 
 from headrace.api.structured import _grammar
 from headrace.config import CacheConfig, ModelConfig
@@ -32,9 +32,9 @@ PROMPTS = ["Hello world", "The quick brown fox", "numbers 12345 and", "Stop stri
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
-    path: Path = make_tiny_llama(tmp_path_factory.mktemp("structured") / "tiny")
-    return LLM(ModelConfig(model=str(path), dtype="float32"), CacheConfig(num_kv_blocks=128))
+def llm(tiny_model_dir: Path) -> LLM:
+    config = ModelConfig(model=str(tiny_model_dir), dtype="float32")
+    return LLM(config, CacheConfig(num_kv_blocks=128))
 
 
 def _grammar_of(kind: str, source: object) -> str:

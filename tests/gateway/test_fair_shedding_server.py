@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from api.helpers import Server, make_tiny_llama, serving, tiny_server_args, write_tenants
+from factories import Server, make_tiny_llama, serving, tiny_server_args, write_tenants
 
 from headrace.gateway.auth import hash_key
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from api.helpers import Server, make_tiny_llama, start_server, tiny_server_args
+from factories import Server, make_tiny_llama, start_server, tiny_server_args
 
 from headrace.gateway.auth import hash_key
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api.helpers import Server, make_tiny_llama, serving, sse_events, tiny_server_args
+from factories import Server, make_tiny_llama, serving, sse_events, tiny_server_args
 from tokenizers import Tokenizer
 
 from headrace.gateway.auth import hash_key
@@ -137,6 +137,32 @@ def test_metrics_and_health_details_need_the_admin_key(remote: Server) -> None:
     assert details["status"] == "ok" and details["replicas"]["tiny"][0]["pid"]
 
 
+# (change to the body, the field the 400 names); "VOCAB": the first id past the vocabulary
+WIRE_CASES: list[tuple[dict[str, Any], str]] = [
+    ({"options": {"weight": 0}}, "options.weight"),
+    ({"options": {"weight": -3.5}}, "options.weight"),
+    ({"options": {"timeout_s": "x"}}, "options.timeout_s"),
+    ({"options": {"queue_timeout_s": 0}}, "options.queue_timeout_s"),
+    ({"options": {"priority": 99}}, "options.priority"),
+    ({"options": {"tenant": ""}}, "options.tenant"),
+    ({"options": {"arrival_time": 12.0}}, "options.arrival_time"),
+    ({"options": {"bogus": 1}}, "options.bogus"),
+    ({"params": {"max_tokens": 0}}, "params.max_tokens"),
+    ({"params": {"temperature": "hot"}}, "params.temperature"),
+    ({"params": {"top_p": 2}}, "params.top_p"),
+    ({"params": {"logprobs": 99}}, "params.logprobs"),
+    ({"params": {"stop_token_ids": "VOCAB"}}, "params.stop_token_ids"),
+    ({"params": {"logit_bias": "VOCAB"}}, "params.logit_bias"),
+    ({"params": {"bad_words": "VOCAB"}}, "params.bad_words"),
+    ({"params": {"presence_penalty": 3}}, "params.presence_penalty"),
+    ({"params": {"min_tokens": 17}}, "params.min_tokens"),  # over max_tokens (16)
+    ({"prompt_token_ids": "VOCAB"}, "prompt_token_ids"),
+    ({"prompt_token_ids": [1, -2]}, "prompt_token_ids.1"),
+    ({"prompt_token_ids": [1, "2"]}, "prompt_token_ids.1"),
+    ({"prompt_token_ids": []}, "prompt_token_ids"),
+]
+
+
 def vocab_size(model: Path) -> int:
     return int(Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size(True))
 
@@ -146,45 +172,25 @@ def _past_vocab(field: str, vocab: int) -> object:
     return {"logit_bias": {str(vocab): 1.0}, "bad_words": [[1, vocab]]}.get(field, [vocab])
 
 
-@pytest.mark.parametrize(
-    ("change", "field"),
-    [
-        ({"options": {"weight": 0}}, "options.weight"),
-        ({"options": {"weight": -3.5}}, "options.weight"),
-        ({"options": {"timeout_s": "x"}}, "options.timeout_s"),
-        ({"options": {"queue_timeout_s": 0}}, "options.queue_timeout_s"),
-        ({"options": {"priority": 99}}, "options.priority"),
-        ({"options": {"tenant": ""}}, "options.tenant"),
-        ({"options": {"arrival_time": 12.0}}, "options.arrival_time"),
-        ({"options": {"bogus": 1}}, "options.bogus"),
-        ({"params": {"max_tokens": 0}}, "params.max_tokens"),
-        ({"params": {"temperature": "hot"}}, "params.temperature"),
-        ({"params": {"top_p": 2}}, "params.top_p"),
-        ({"params": {"logprobs": 99}}, "params.logprobs"),
-        ({"params": {"stop_token_ids": "VOCAB"}}, "params.stop_token_ids"),
-        ({"params": {"logit_bias": "VOCAB"}}, "params.logit_bias"),
-        ({"params": {"bad_words": "VOCAB"}}, "params.bad_words"),
-        ({"params": {"presence_penalty": 3}}, "params.presence_penalty"),
-        ({"params": {"min_tokens": 17}}, "params.min_tokens"),  # over max_tokens (16)
-        ({"prompt_token_ids": "VOCAB"}, "prompt_token_ids"),
-        ({"prompt_token_ids": [1, -2]}, "prompt_token_ids.1"),
-        ({"prompt_token_ids": [1, "2"]}, "prompt_token_ids.1"),
-        ({"prompt_token_ids": []}, "prompt_token_ids"),
-    ],
-)
-def test_a_bad_wire_value_is_a_400_naming_the_field(
-    remote: Server, model: Path, change: dict[str, Any], field: str
-) -> None:
-    before, change = engine_state(remote), dict(change)
-    vocab = vocab_size(model)
-    for key, value in change.items():  # "VOCAB": the first id past the model's vocabulary
+def wire_change(change: dict[str, Any], vocab: int) -> dict[str, Any]:
+    """A `WIRE_CASES` change with "VOCAB" made the first id past a vocabulary of `vocab` ids."""
+    change = dict(change)
+    for key, value in change.items():
         if value == "VOCAB":
             change[key] = [1, vocab]
         elif isinstance(value, dict):
             change[key] = {
                 k: _past_vocab(k, vocab) if v == "VOCAB" else v for k, v in value.items()
             }
-    r = replica_generate(remote.url, replica_body(**change), ADMIN)
+    return change
+
+
+@pytest.mark.parametrize(("change", "field"), WIRE_CASES)
+def test_a_bad_wire_value_is_a_400_naming_the_field(
+    remote: Server, model: Path, change: dict[str, Any], field: str
+) -> None:
+    before, vocab = engine_state(remote), vocab_size(model)
+    r = replica_generate(remote.url, replica_body(**wire_change(change, vocab)), ADMIN)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == field and error["type"] == "invalid_request_error", error

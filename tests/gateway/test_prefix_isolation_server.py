@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from api.helpers import (
+from factories import (
     Server,
     make_tiny_llama,
     read_metrics,

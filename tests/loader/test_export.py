@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from models.tiny import GGUF_GEMMA3, hf_greedy, make_tiny, prompts
+from factories import GGUF_GEMMA3, hf_greedy, make_tiny, prompts, write_tiny_gguf
 from safetensors import safe_open
 
 from headrace.cli import main
@@ -16,7 +16,6 @@ from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.model_runner import ModelRunner
 from headrace.engine.runner_harness import greedy
 from headrace.loader.tokenizer import load_tokenizer
-from loader.tiny_gguf import write_tiny_gguf
 
 
 @pytest.fixture(scope="module")

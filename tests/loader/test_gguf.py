@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from models.tiny import GGUF_GEMMA3, hf_greedy, make_tiny, prompts
+from factories import GGUF_GEMMA3, hf_greedy, make_tiny, permute, prompts, write_tiny_gguf
 
 from headrace.config import CacheConfig
 from headrace.engine.model_runner import ModelRunner
@@ -18,7 +18,6 @@ from headrace.loader.errors import ModelLoadError
 from headrace.loader.gguf import hf_name, unpermute
 from headrace.loader.hf import load_model
 from headrace.loader.tokenizer import load_tokenizer
-from loader.tiny_gguf import permute, write_tiny_gguf
 
 
 def test_unpermute_inverts_llama_cpp_permute() -> None:

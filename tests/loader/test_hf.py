@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from models.tiny import make_tiny
+from factories import make_tiny
 from safetensors.torch import load_file, save_file
 
 from headrace.loader.errors import ModelLoadError

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from api.helpers import Server, make_tiny_llama, start_server, tiny_server_args
+from factories import Server, make_tiny_llama, start_server, tiny_server_args
 from prometheus_client.parser import text_string_to_metric_families
 
 from headrace.gateway.auth import hash_key

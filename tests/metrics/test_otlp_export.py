@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api.helpers import Server, make_tiny_llama, start_server, tiny_server_args
+from factories import Server, make_tiny_llama, start_server, tiny_server_args
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from factories import ARCHS, hf_greedy, make_tiny, prompts
 
 from headrace.config import CacheConfig
 from headrace.engine.model_runner import ModelRunner
 from headrace.engine.runner_harness import greedy
 from headrace.loader.hf import load_model
-from models.tiny import ARCHS, hf_greedy, make_tiny, prompts
 
 NEW_TOKENS = 32
 

@@ -10,8 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from router.conftest import prompt, running, serve_args, wait_for
+from factories import running, serve_args, wait_for, word_prompt
 
 
 def model_stats(url: str) -> dict[str, Any]:
@@ -46,7 +45,7 @@ def scale_up_and_down(model: Path, tmp_path: Path, extra: tuple[str, ...]) -> No
                 async def client(i: int) -> int:
                     done = 0
                     while not stop.is_set():
-                        body = {"model": "alpha", "prompt": prompt(8, 5 + i), "max_tokens": 32,
+                        body = {"model": "alpha", "prompt": word_prompt(8, 5 + i), "max_tokens": 32,
                                 "temperature": 0, "ignore_eos": True}  # fmt: skip
                         r = await c.post("/v1/generate", json=body)
                         assert r.status_code == 200, r.text

@@ -30,11 +30,10 @@ class LoadedEngine(FakeEngine):
     def stats(self) -> StepStats:
         return StepStats(waiting_tokens=self.waiting_tokens, kv_blocks_total=100)
 
-    async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams,
-        options: GenerateOptions | None = None,
+    async def stream(
+        self, request_id: str, prompt: list[int], params: SamplingParams,
+        options: GenerateOptions | None,
     ) -> AsyncIterator[GenerationChunk]:  # fmt: skip
-        assert isinstance(prompt, list)
         self.prompts.append(prompt)
         yield GenerationChunk(request_id, "x", [3], FinishReason.LENGTH, completion_tokens=1)
 

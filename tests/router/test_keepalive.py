@@ -31,9 +31,9 @@ class Vocab:
 class SlowEngine(FakeEngine):
     tokenizer = Vocab()
 
-    async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams,
-        options: GenerateOptions | None = None,
+    async def stream(
+        self, request_id: str, prompt: list[int], params: SamplingParams,
+        options: GenerateOptions | None,
     ) -> AsyncIterator[GenerationChunk]:  # fmt: skip
         for i, reason in enumerate((None, FinishReason.LENGTH)):
             await asyncio.sleep(GAP_S)  # waiting in a queue, then a slow step

@@ -11,15 +11,24 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api.helpers import Server, sse_events, start_server
+from factories import (
+    MAX_MODEL_LEN,
+    Server,
+    replicas,
+    routed,
+    running,
+    serve_args,
+    sse_events,
+    start_server,
+    word_prompt,
+)
 
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.llm import LLM
 from headrace.request import SamplingParams
-from router.conftest import MAX_MODEL_LEN, prompt, replicas, routed, running, serve_args
 
 MAX_TOKENS = 12
-PROMPTS = [prompt(6), prompt(9, start=40), prompt(4, start=300)]
+PROMPTS = [word_prompt(6), word_prompt(9, start=40), word_prompt(4, start=300)]
 LONG = 32  # prompts longer than this many tokens go to the long pool of the front end
 
 
@@ -33,7 +42,7 @@ def reference(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
             ModelConfig(model=str(path), dtype="float32", max_model_len=MAX_MODEL_LEN),
             CacheConfig(num_kv_blocks=64),
         )
-        out[name] = [o.text for o in llm.generate(PROMPTS + [prompt(40)], params)]
+        out[name] = [o.text for o in llm.generate(PROMPTS + [word_prompt(40)], params)]
     return out
 
 
@@ -142,7 +151,7 @@ def test_a_front_end_refuses_a_remote_whose_replica_api_is_off(
 def test_long_prompts_take_the_long_pool(front: Server, reference: dict[str, list[str]]) -> None:
     before = routed(front.url, "alpha")
     for _ in range(2):
-        assert complete(front.url, "alpha", prompt(40)) == reference["alpha"][-1]
+        assert complete(front.url, "alpha", word_prompt(40)) == reference["alpha"][-1]
     after = routed(front.url, "alpha")
     assert after["alpha/long-0"] - before["alpha/long-0"] == 2
     assert sum(after.values()) - sum(before.values()) == 2

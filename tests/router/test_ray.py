@@ -16,9 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api.helpers import Server
-
-from router.conftest import prompt, replicas, running, serve_args, wait_for
+from factories import Server, replicas, running, serve_args, wait_for, word_prompt
 
 pytestmark = pytest.mark.netns
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils")
@@ -58,7 +56,7 @@ def ray_server_args(model: Path, cluster: Any) -> list[str]:
 
 def body(max_tokens: int, words: int, start: int, stream: bool = False) -> dict[str, Any]:
     return {
-        "model": "alpha", "prompt": prompt(words, start), "max_tokens": max_tokens,
+        "model": "alpha", "prompt": word_prompt(words, start), "max_tokens": max_tokens,
         "temperature": 0, "ignore_eos": True, "stream": stream,
     }  # fmt: skip
 

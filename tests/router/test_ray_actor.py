@@ -26,11 +26,10 @@ class Scripted(FakeEngine):
         self.go = asyncio.Event()
         self.cancelled: list[str] = []
 
-    async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams,
-        options: GenerateOptions | None = None,
+    async def stream(
+        self, request_id: str, prompt: list[int], params: SamplingParams,
+        options: GenerateOptions | None,
     ) -> AsyncIterator[GenerationChunk]:  # fmt: skip
-        assert isinstance(prompt, list)
         try:
             for i, token in enumerate(prompt):
                 await self.go.wait()

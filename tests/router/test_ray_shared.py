@@ -20,9 +20,8 @@ from typing import Any
 
 import httpx
 import pytest
-from api.helpers import Server, start_server, write_tenants
+from factories import Server, routed, running, serve_args, start_server, wait_for, write_tenants
 
-from router.conftest import routed, running, serve_args, wait_for
 from router.test_ray import LOOPBACK, recreated, texts
 
 pytestmark = pytest.mark.netns

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api.helpers import Server
-
-from router.conftest import prompt, replicas, running, serve_args, wait_for
+from factories import Server, replicas, running, serve_args, wait_for, word_prompt
 
 READ_TIMEOUT_S = 3.0
 MAX_TOKENS = 480  # a stream that is still going when the remote stops
@@ -66,7 +64,7 @@ def stream_events(url: str, body: dict[str, object], on_first: Callable[[], None
 def test_a_frozen_remote_leaves_the_rotation_and_its_stream_resumes_when_it_is_back(
     front: Server, remote: Server
 ) -> None:
-    body = {"model": "alpha", "prompt": prompt(6), "max_tokens": MAX_TOKENS, "temperature": 0,
+    body = {"model": "alpha", "prompt": word_prompt(6), "max_tokens": MAX_TOKENS, "temperature": 0,
             "ignore_eos": True, "stream": True}  # fmt: skip
     reference = stream_events(front.url, body)
     resumes = httpx.get(front.url + "/v1/stats", timeout=10).json()["models"]["alpha"]["resumes"]

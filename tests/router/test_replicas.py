@@ -16,9 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api.helpers import Server
-
-from router.conftest import prompt, replicas, routed, running, serve_args, wait_for
+from factories import Server, replicas, routed, running, serve_args, wait_for, word_prompt
 
 STALL_S = 3.0
 
@@ -39,7 +37,7 @@ def body(
     max_tokens: int, *, words: int = 8, start: int = 5, stream: bool = False
 ) -> dict[str, Any]:
     return {
-        "model": "alpha", "prompt": prompt(words, start), "max_tokens": max_tokens,
+        "model": "alpha", "prompt": word_prompt(words, start), "max_tokens": max_tokens,
         "temperature": 0, "ignore_eos": True, "stream": stream,
     }  # fmt: skip
 

@@ -52,11 +52,10 @@ class ModelEngine(FakeEngine):
         self.hold = set(hold)
         self.requests: list[tuple[list[int], SamplingParams]] = []
 
-    async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams,
-        options: GenerateOptions | None = None,
+    async def stream(
+        self, request_id: str, prompt: list[int], params: SamplingParams,
+        options: GenerateOptions | None,
     ) -> AsyncIterator[GenerationChunk]:  # fmt: skip
-        assert isinstance(prompt, list)
         self.requests.append((list(prompt), params))
         context = list(prompt)
         for k in range(params.max_tokens):

@@ -25,9 +25,9 @@ class FailingEngine(FakeEngine):
         self.fail_after_s = fail_after_s
         self.seen: list[GenerateOptions] = []
 
-    async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams,
-        options: GenerateOptions | None = None,
+    async def stream(
+        self, request_id: str, prompt: list[int], params: SamplingParams,
+        options: GenerateOptions | None,
     ) -> AsyncIterator[GenerationChunk]:  # fmt: skip
         assert options is not None
         self.seen.append(options)

@@ -12,10 +12,9 @@ from typing import Any
 import httpx
 from fake_engine import FakeEngine
 
-from headrace.api.app import build_app
-from headrace.config import ServerConfig
+from api.inprocess import request
+from api.route_coverage import covers
 from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.gateway.base import OpenGateway
 from headrace.request import FinishReason, SamplingParams
 
 
@@ -34,9 +33,9 @@ class ScriptedEngine(FakeEngine):
         self.aborted: list[str] = []
         self.seeds: dict[str, int | None] = {}
 
-    async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams,
-        options: GenerateOptions | None = None,
+    async def stream(
+        self, request_id: str, prompt: list[int], params: SamplingParams,
+        options: GenerateOptions | None,
     ) -> AsyncIterator[GenerationChunk]:  # fmt: skip
         self.events.append(f"start {request_id}")
         self.seeds[request_id] = params.seed
@@ -59,19 +58,13 @@ class ScriptedEngine(FakeEngine):
 
 
 def _post(engine: ScriptedEngine, body: dict[str, Any]) -> httpx.Response:
-    app = build_app({"m": engine}, OpenGateway(), ServerConfig())
-
-    async def go() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            return await client.post("/v1/completions", json=body)
-
-    return asyncio.run(go())
+    return request(engine, "POST", "/v1/completions", json=body)
 
 
 BODY = {"prompt": [1, 2], "max_tokens": 2, "temperature": 1.0, "n": 3, "seed": 10}
 
 
+@covers("POST /v1/completions")
 def test_each_choice_has_its_seed_and_the_others_start_after_choice_0s_first_token() -> None:
     engine = ScriptedEngine()
     r = _post(engine, BODY)
@@ -87,6 +80,7 @@ def test_each_choice_has_its_seed_and_the_others_start_after_choice_0s_first_tok
     assert not engine.aborted
 
 
+@covers("POST /v1/completions")
 def test_a_failing_choice_ends_the_request_and_aborts_its_siblings() -> None:
     engine = ScriptedEngine(fail_suffix="-1")
     r = _post(engine, BODY)
@@ -99,6 +93,7 @@ def test_a_failing_choice_ends_the_request_and_aborts_its_siblings() -> None:
     assert set(engine.aborted) <= set(started)
 
 
+@covers("POST /v1/completions")
 def test_streamed_chunks_carry_their_choice() -> None:
     engine = ScriptedEngine()
     r = _post(engine, {**BODY, "stream": True})

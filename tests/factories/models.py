@@ -1,15 +1,33 @@
-"""Tiny random-weight Hugging Face checkpoints made with transformers' own config classes."""
+"""Tiny random-weight Hugging Face checkpoints made with transformers' own config classes.
+
+- `make_tiny(arch, path)`: every family the loader knows (`ARCHS`), word-level tokenizer,
+  weights scaled so that greedy choices are decisive: the parity tests pin our outputs to
+  transformers' on these.
+- `make_tiny_llama(path)`: the Llama the servers run (`tokenizer="chat"`: byte-level BPE with a
+  chat template) or the engine's real-model tests use (`"sentencepiece"`), transformers' own
+  initialisation.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer
 
-VOCAB = 512
+from factories.tokenizers import (
+    CHAT_TOKENIZER_CONFIG,
+    SP_TOKENIZER_CONFIG,
+    WORD_TOKENIZER_CONFIG,
+    WORD_VOCAB,
+    make_chat_tokenizer,
+    make_sentencepiece_tokenizer,
+    make_word_tokenizer,
+    save_tokenizer,
+)
+
+VOCAB = WORD_VOCAB
 COMMON: dict[str, Any] = dict(
     vocab_size=VOCAB,
     hidden_size=64,
@@ -78,22 +96,6 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
 
 
-def write_tokenizer(path: Path) -> None:
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    vocab.update({f"w{i}": i for i in range(4, VOCAB)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(path / "tokenizer.json"))
-    config = {
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "pad_token": "<pad>",
-        "add_bos_token": True,
-    }
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-
-
 def make_tiny(arch: str, path: Path, seed: int = 0, **overrides: Any) -> Any:
     """Save a tiny random model of `arch` into `path`; return the transformers model (fp32)."""
     import transformers as tf
@@ -104,8 +106,38 @@ def make_tiny(arch: str, path: Path, seed: int = 0, **overrides: Any) -> Any:
     randomize(model, seed)
     model.eval()
     model.save_pretrained(path)
-    write_tokenizer(path)
+    save_tokenizer(make_word_tokenizer(), WORD_TOKENIZER_CONFIG, path)
     return model
+
+
+LlamaTokenizer = Literal["chat", "sentencepiece"]
+_LLAMA_TOKENIZERS = {
+    "chat": (make_chat_tokenizer, CHAT_TOKENIZER_CONFIG),
+    "sentencepiece": (make_sentencepiece_tokenizer, SP_TOKENIZER_CONFIG),
+}
+
+
+def make_tiny_llama(path: Path, tokenizer: LlamaTokenizer = "chat", seed: int = 0) -> Path:
+    """A random-weight Llama (hidden 64, 2 layers): config.json, model.safetensors and the
+    tokenizer files in `path`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    make, tok_config = _LLAMA_TOKENIZERS[tokenizer]
+    tok = make()
+    save_tokenizer(tok, tok_config, path)
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, tie_word_embeddings=False, **_special_ids(tok, tok_config),
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def _special_ids(tok: Tokenizer, tok_config: dict[str, Any]) -> dict[str, int]:
+    keys = ("bos_token", "eos_token", "pad_token")
+    return {f"{k}_id": tok.token_to_id(tok_config[k]) for k in keys if k in tok_config}
 
 
 def prompts(n: int = 4, seed: int = 1) -> list[list[int]]:

@@ -1,68 +1,30 @@
-"""API test helpers: a tiny random-weight Llama (transformers + a locally trained byte-level BPE
-tokenizer) and real `headrace serve` processes on 127.0.0.1."""
+"""Real `headrace serve` processes on 127.0.0.1 for the tests that need the whole server, and
+what the tests read from them (metrics, SSE, stats).
+
+`serving(args, log_dir)` is for a fixture to `yield from`; `running(...)` is the same as a
+context manager (a clean stop must exit 0). `tiny_server_args(model_dir)` serves one
+`make_tiny_llama` as `tiny`; `serve_args(*specs)` serves `--model` specs (the router's tests).
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Headrace serves language models over HTTP with continuous batching.",
-    "Once upon a time there was a small model that wrote random words.",
-    "Numbers 0123456789 and punctuation: commas, dots; colons!",
-]
 MAX_MODEL_LEN = 512
-
-
-def make_tiny_llama(path: Path) -> Path:
-    """config.json + model.safetensors + tokenizer.json (+ tokenizer_config.json, chat template)."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<unk>", "<s>", "</s>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=512,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS * 20, trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
-    )
-    path.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path / "tokenizer.json"))
-    tok_config = {
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True,
-        "chat_template": CHAT_TEMPLATE, "tokenizer_class": "PreTrainedTokenizerFast",
-    }  # fmt: skip
-    (path / "tokenizer_config.json").write_text(json.dumps(tok_config))
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
-    )  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
+# uvicorn re-raises SIGTERM after a clean stop unless the server clears it (ours does).
+CLEAN_EXITS = (0, -signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -110,7 +72,8 @@ class Server:
 
 
 def start_server(args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Server:
-    """`env` adds to (or overrides) this process's environment for the server."""
+    """`headrace serve --port <free> ARGS`, not waited for; `env` adds to (or overrides) this
+    process's environment for the server."""
     port = free_port()
     log_path = log_dir / f"serve-{port}.log"
     cmd = [sys.executable, "-m", "headrace.cli", "serve", "--port", str(port), *args]
@@ -121,10 +84,15 @@ def start_server(args: list[str], log_dir: Path, env: dict[str, str] | None = No
 
 
 def serving(
-    args: list[str], log_dir: Path, env: dict[str, str] | None = None, *, clean: bool = True
+    args: list[str],
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    *,
+    clean: bool = True,
+    exits: tuple[int, ...] = CLEAN_EXITS,
 ) -> Iterator[Server]:
-    """A ready server for a fixture to `yield from`, stopped afterwards; with `clean`, it must
-    have exited cleanly (0, or the SIGTERM uvicorn re-raises after a clean stop)."""
+    """A ready server for a fixture to `yield from`, stopped afterwards; with `clean`, its exit
+    status must be one of `exits`."""
     server = start_server(args, log_dir, env)
     try:
         server.wait_ready()
@@ -132,7 +100,33 @@ def serving(
     finally:
         code = server.stop()
     if clean:
-        assert code in (0, -signal.SIGTERM), server.log()
+        assert code in exits, server.log()
+
+
+@contextmanager
+def running(args: list[str], log_dir: Path, *, clean_exit: bool = True) -> Iterator[Server]:
+    """`serving` as a context manager; a clean stop must exit 0."""
+    yield from serving(args, log_dir, clean=clean_exit, exits=(0,))
+
+
+def tiny_server_args(model_dir: Path) -> list[str]:
+    """Serve one tiny model as `tiny`, in float32, on one thread."""
+    return [
+        "--model", str(model_dir), "--served-model-name", "tiny", "--dtype", "float32",
+        "--max-model-len", str(MAX_MODEL_LEN), "--num-kv-blocks", "256", "--block-size", "16",
+        "--num-threads", "1", "--log-level", "warning", "--request-timeout-s", "60",
+    ]  # fmt: skip
+
+
+def serve_args(*models: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """`headrace serve` flags for tiny models given as `--model` specs (`[NAME=]PATH[:N]`)."""
+    args: list[str] = []
+    for spec in models:
+        args += ["--model", spec]
+    return args + [
+        "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--num-kv-blocks", "128",
+        "--block-size", "16", "--log-level", "warning", "--request-timeout-s", "60", *extra,
+    ]  # fmt: skip
 
 
 def write_tenants(directory: Path, text: str) -> Path:
@@ -141,21 +135,20 @@ def write_tenants(directory: Path, text: str) -> Path:
     return path
 
 
-def tiny_server_args(model_dir: Path) -> list[str]:
-    return [
-        "--model", str(model_dir), "--served-model-name", "tiny", "--dtype", "float32",
-        "--max-model-len", str(MAX_MODEL_LEN), "--num-kv-blocks", "256", "--block-size", "16",
-        "--num-threads", "1", "--log-level", "warning", "--request-timeout-s", "60",
-    ]  # fmt: skip
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `check` until it holds; fail saying `what` did not happen within `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def read_metrics(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
     """Prometheus text as `{'name{labels}': value}`; `name` alone sums every label set."""
     r = httpx.get(url + "/metrics", headers=headers, timeout=10)
     assert r.status_code == 200, r.text
-    text = r.text
     out: dict[str, float] = {}
-    for line in text.splitlines():
+    for line in r.text.splitlines():
         if not line or line.startswith("#"):
             continue
         key, value = line.rsplit(" ", 1)
@@ -169,3 +162,15 @@ def read_metrics(url: str, headers: dict[str, str] | None = None) -> dict[str, f
 def sse_events(lines: Iterable[str]) -> list[str]:
     """The `data:` payloads of an SSE stream, in order."""
     return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+
+
+def replicas(url: str, model: str) -> list[dict[str, Any]]:
+    """Each replica's state and load, from GET /v1/stats."""
+    data = httpx.get(url + "/v1/stats", timeout=10).json()
+    reps: list[dict[str, Any]] = data["models"][model]["replicas"]
+    return reps
+
+
+def routed(url: str, model: str) -> dict[str, int]:
+    """How many requests the router sent each replica of `model`."""
+    return {r["name"]: r["routed"] for r in replicas(url, model)}
