@@ -49,10 +49,16 @@ def _aborts(url: str) -> float:
     )
 
 
+def _ended(url: str) -> float:
+    """Requests that reached the engine and ended, for any reason."""
+    return read_metrics(url).get("headrace:request_success_total", 0.0)
+
+
 def test_clients_that_leave_are_aborted_and_free_their_kv_blocks(
     client: httpx.Client, api_server: Server
 ) -> None:
     aborts_before = _aborts(api_server.url)
+    ended_before = _ended(api_server.url)
     long = {"max_tokens": 480, "temperature": 0, "ignore_eos": True}
 
     async def leave_mid_stream(i: int) -> int:
@@ -101,6 +107,10 @@ def test_clients_that_leave_are_aborted_and_free_their_kv_blocks(
             break
         time.sleep(0.05)
     assert idle, {k: v for k, v in m.items() if "num_requests" in k or "kv_cache" in k}
-    assert _aborts(api_server.url) - aborts_before == 20 + sum(gone)
+    # A client that gives up within 0.25 s may leave before the server has read its request:
+    # then nothing reached the engine and there is nothing to abort. Every other one that left is.
+    never_admitted = 25 - (_ended(api_server.url) - ended_before)
+    assert 0 <= never_admitted <= sum(gone)
+    assert _aborts(api_server.url) - aborts_before == 20 + sum(gone) - never_admitted
     r = client.post("/v1/generate", json={"prompt": "still there?", "max_tokens": 4})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
