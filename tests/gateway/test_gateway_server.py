@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from factories import Server, make_tiny_llama, start_server, tiny_server_args
+from factories import Server, make_tiny_llama, read_metrics, start_server, tiny_server_args
 
 from headrace.gateway.auth import hash_key
 
@@ -73,16 +73,7 @@ def gauges(server: Server) -> tuple[float, float, float]:
 
 
 def read_metrics_admin(server: Server) -> dict[str, float]:
-    text = httpx.get(server.url + "/metrics", headers=auth(ADMIN), timeout=10).text
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
-            name = key.split("{", 1)[0]
-            if name != key:
-                out[name] = out.get(name, 0.0) + float(value)
-    return out
+    return read_metrics(server.url, auth(ADMIN))
 
 
 def test_keys_on_every_generation_route(server: Server) -> None:
