@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from headrace.config import RouterConfig
@@ -26,6 +24,7 @@ from headrace.engine.client import GenerateOptions, GenerationChunk
 from headrace.engine.messages import StepStats
 from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
+from headrace.router.attempt import Attempt
 from headrace.router.deadlines import time_left_since
 from headrace.router.load import sum_stats
 from headrace.router.policies import make_policy
@@ -40,12 +39,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("headrace.router")
 
 _RESUME_POLL_S = 0.05
-
-
-@dataclass
-class _Attempt:
-    streamed: bool = False  # a chunk reached the caller: resume, not retry, from here on
-    failure: GenerationChunk | None = None  # the replica failed: retry or resume elsewhere
 
 
 class NoReplicaError(RuntimeError):
@@ -168,11 +161,9 @@ class Router:
                     return
                 raise NoReplicaError(f"no replica of model {self.name!r} is in rotation")
             tried.add(id(replica))
-            attempt = _Attempt()
+            attempt = Attempt(replica, request_id, self._placed)
             prompt_ids, attempt_params = stream.request()
-            chunks = self._attempt(
-                replica, attempt, request_id, prompt_ids, attempt_params, time_left_since(opts, t0)
-            )
+            chunks = attempt.run(prompt_ids, attempt_params, time_left_since(opts, t0))
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
                     self.tokens_delivered += len(chunk.token_ids)
@@ -224,46 +215,6 @@ class Router:
             replica = self._choose(prompt_tokens, tried, hashes)
         return replica
 
-    async def _attempt(
-        self,
-        replica: Replica,
-        attempt: _Attempt,
-        request_id: str,
-        ids: list[int],
-        params: SamplingParams,
-        options: GenerateOptions,
-    ) -> AsyncGenerator[GenerationChunk, None]:
-        """The request on one replica; a failure of the replica ends the attempt quietly with
-        `attempt.failure` set, so that the caller tries another replica (or resumes there)."""
-        chunks = replica.engine.generate(request_id, ids, params, options)
-        replica.dispatched(request_id, len(ids) + params.max_tokens)
-        self._placed[request_id] = replica
-        try:
-            async for chunk in chunks:
-                if not attempt.streamed:
-                    if self._failed(replica, chunk):
-                        attempt.failure = chunk
-                        return
-                    replica.first_output(request_id)
-                    attempt.streamed = True
-                    chunk = dataclasses.replace(chunk, replica=replica.name)
-                elif chunk.finish_reason is FinishReason.ERROR and not replica.engine.is_healthy:
-                    # Out of rotation now, not at the supervisor's next look; resume elsewhere.
-                    replica.mark_down(chunk.error or "it failed mid-stream")
-                    attempt.failure = chunk
-                    return
-                yield chunk
-        except ValueError:
-            raise  # refused before it started: it can never fit
-        except Exception as e:
-            replica.mark_down(f"{type(e).__name__}: {e}")
-            attempt.failure = _error_chunk(request_id, f"replica {replica.name} failed: {e}")
-        finally:
-            await _close(chunks)
-            replica.finished(request_id)
-            if self._placed.get(request_id) is replica:
-                del self._placed[request_id]
-
     async def abort(self, request_id: str) -> None:
         if request_id in self._between:
             self._between[request_id] = True
@@ -303,13 +254,6 @@ class Router:
         replica.prefixes.record(hashes)
         return replica
 
-    def _failed(self, replica: Replica, chunk: GenerationChunk) -> bool:
-        """An error chunk because the replica itself failed (not the request): retry."""
-        if chunk.finish_reason is not FinishReason.ERROR or replica.serving:
-            return False
-        replica.mark_down(chunk.error or "it failed")
-        return True
-
     def describe(self) -> dict[str, object]:
         """The replicas' states and loads, for /health and /v1/stats."""
         return {
@@ -321,15 +265,5 @@ class Router:
         }
 
 
-def _error_chunk(request_id: str, message: str) -> GenerationChunk:
-    return GenerationChunk(request_id, "", [], FinishReason.ERROR, error=message)
-
-
 def _end_chunk(request_id: str, reason: FinishReason) -> GenerationChunk:
     return GenerationChunk(request_id, "", [], reason)
-
-
-async def _close(chunks: AsyncIterator[GenerationChunk]) -> None:
-    aclose = getattr(chunks, "aclose", None)
-    if aclose is not None:
-        await aclose()
