@@ -7,7 +7,8 @@
   sizes and context lengths; the ratio is torch time / kernel time;
 * greedy argmax over [R, 262144] bf16 logits: the kernel vs `max(dim=-1)`;
 * grammar masks (structured outputs) on [R, 262144] bf16 logits: the kernel vs torch unpacking;
-* fused bf16 elementwise ops of a 512-token prefill (RMSNorm + residual, gelu x up) vs torch;
+* fused bf16 elementwise ops of a 512-token prefill (RMSNorm + residual, gelu x up, rotary of
+  the 4 q + 1 k heads) and of a 32-row decode (rotary) vs torch;
 * the greedy head, [R, 640] hidden rows -> token ids over a 262144 x 640 bf16 head (random
   weights of Gemma's scale): the exact int8 head vs the bf16 oneDNN matmul + argmax kernel.
 
@@ -37,6 +38,7 @@ from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.token_mask import _torch_mask, mask_tokens
 from headrace.layers.attention import _decode
 from headrace.layers.linear import pack_weight, packed_linear
+from headrace.layers.rotary import RotaryEmbedding
 from headrace.request import SamplingParams
 
 HQ, HKV, D, BS, VOCAB = 4, 1, 256, 16, 262144
@@ -112,6 +114,7 @@ def fused_cases(repeats: int) -> dict[str, dict[str, float]]:
     res = torch.randn(512, 640).bfloat16()
     scale = 1 + torch.randn(640) * 0.1
     gate_up = (torch.randn(512, 4096) * 2).bfloat16()
+    rope = RotaryEmbedding(D, {"rope_type": "default", "rope_theta": 10000.0}, 4096, 4096)
     cases = {
         "rms_norm_residual_512x640": (
             lambda: res + F.rms_norm(x.float(), (640,), scale, 1e-6).to(torch.bfloat16),
@@ -122,6 +125,13 @@ def fused_cases(repeats: int) -> dict[str, dict[str, float]]:
             lambda: fused.act_mul(gate_up, "gelu_tanh"),
         ),
     }
+    for rows in (512, 32):  # the q and k heads after their norm: [rows, 5, 256]
+        qk = torch.randn(rows, HQ + HKV, D).bfloat16()
+        cos, sin = rope.cos_sin(torch.arange(rows) + 300, torch.bfloat16)
+        cases[f"rotary_{rows}x5x256"] = (
+            lambda qk=qk, cos=cos, sin=sin: qk * cos + qk.roll(D // 2, dims=-1) * sin,
+            lambda qk=qk, cos=cos, sin=sin: fused.rope(qk, cos, sin),
+        )
     out = {}
     for name, (ref, kernel) in cases.items():
         torch_ms, kernel_ms = best_ms(ref, repeats), best_ms(kernel, repeats)

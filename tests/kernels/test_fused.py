@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from headrace.kernels import fused
 from headrace.kernels.build import cpu_kernels
 from headrace.layers.norm import rms_norm as layer_rms_norm
+from headrace.layers.rotary import RotaryEmbedding, apply_rotary
 
 pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason="no C compiler: kernels off")
 GEN = torch.Generator().manual_seed(0)
@@ -106,10 +107,36 @@ def test_rms_norm_with_residual() -> None:
     assert bool(((got.float() - want.float()).abs() <= bound).all())
 
 
+def torch_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """layers.rotary.apply_rotary's torch expression (the kernel replaces it for bf16)."""
+    r = cos.shape[-1]
+    rot = x[..., :r] * cos + x[..., :r].roll(r // 2, dims=-1) * sin
+    return torch.cat((rot, x[..., r:]), dim=-1)
+
+
+@pytest.mark.parametrize(
+    ("heads", "dim", "rot"),
+    [(5, 256, 256), (3, 128, 64), (2, 24, 24)],  # Gemma 3; partial rotary; a tail only
+)
+def test_rope_equals_torch_bit_for_bit(heads: int, dim: int, rot: int) -> None:
+    rope = RotaryEmbedding(rot, {"rope_type": "default", "rope_theta": 10000.0}, 4096, 4096)
+    positions = torch.randint(0, 4096, (37,), generator=GEN)
+    cos, sin = rope.cos_sin(positions, torch.bfloat16)  # [T, 1, rot]
+    # q and k heads as a view of a wider fused projection: rows strided, heads contiguous
+    wide = randn(37, (heads + 2) * dim, scale=3.0)
+    x = wide[:, : heads * dim].view(37, heads, dim)
+    got = fused.rope(x, cos, sin)
+    assert got is not None and got.is_contiguous()
+    # the same roundings as torch's three bf16 ops: equal, not merely close
+    assert torch.equal(got, torch_rotary(x, cos, sin))
+    assert torch.equal(apply_rotary(x, cos, sin), got)  # the layer takes the kernel
+
+
 def test_float32_never_fused() -> None:
     x = torch.randn(4, 64)
     assert fused.rms_norm(x, torch.ones(64), 1e-6, cast_first=False) is None
     assert fused.act_mul(torch.randn(4, 128), "gelu_tanh") is None
+    assert fused.rope(torch.randn(4, 2, 8), torch.ones(4, 1, 8), torch.ones(4, 1, 8)) is None
     # and the layer path in fp32 is torch's own expression
     want = F.rms_norm(x, (64,), torch.ones(64) * 1.5, 1e-6)
     assert torch.equal(layer_rms_norm(x, torch.ones(64) * 1.5, 1e-6, offset=True), want)

@@ -56,3 +56,5 @@ def test_fused_portable(portable: str) -> None:
     test_fused.test_rms_norm_rows(True)
     test_fused.test_rms_norm_rows(False)
     test_fused.test_rms_norm_with_residual()
+    test_fused.test_rope_equals_torch_bit_for_bit(3, 128, 64)
+    test_fused.test_rope_equals_torch_bit_for_bit(2, 24, 24)

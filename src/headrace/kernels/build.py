@@ -110,6 +110,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.act_mul_bf16.restype = None
     lib.rms_norm_bf16.argtypes = [PTR, I64, I64, I64, I64, PTR, I64, ctypes.c_int, F32, PTR, PTR]
     lib.rms_norm_bf16.restype = None
+    lib.rope_bf16.argtypes = [PTR, I64, I64, I64, I64, PTR, PTR, I64, PTR]
+    lib.rope_bf16.restype = None
     for name in ("argmax_bf16", "argmax_f32"):
         fn = getattr(lib, name)
         fn.argtypes = [PTR, I64, I64, PTR]

@@ -333,6 +333,43 @@ void act_mul_bf16(const uint16_t *gate_up, int64_t T, int64_t I, int64_t stride,
     }
 }
 
+/* Rotary embedding of bf16 heads in the rotate-half layout (transformers'), with the sign of
+ * rotate-half folded into sin ([-sin, sin]): for d < R/2, with h = R/2,
+ *   y[d] = x[d] c[d] + x[d + h] s[d],   y[d + h] = x[d + h] c[d + h] + x[d] s[d + h],
+ * each product and the sum rounded to bf16, as torch's `x * cos + roll(x) * sin` rounds.
+ * x: head j of row t at x + t * stride + j * D (a [T, H, D] view with contiguous heads);
+ * cos, sin: [T, R] bf16; out: [T, H, D] contiguous; dims R..D-1 are copied unrotated. */
+void rope_bf16(const uint16_t *x, int64_t T, int64_t H, int64_t D, int64_t stride,
+               const uint16_t *cos, const uint16_t *sin, int64_t R, uint16_t *out) {
+    const int64_t half = R / 2;
+    _Pragma("omp parallel for schedule(static)")
+    for (int64_t r = 0; r < T * H; r++) {
+        const int64_t t = r / H;
+        const uint16_t *xr = x + t * stride + (r % H) * D, *c = cos + t * R, *s = sin + t * R;
+        uint16_t *o = out + r * D;
+        int64_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+        for (; i + 16 <= half; i += 16) {
+            const __m512 x1 = bf16_load16(xr + i), x2 = bf16_load16(xr + half + i);
+            const __m512 y1 = _mm512_add_ps(bf16_round16(_mm512_mul_ps(x1, bf16_load16(c + i))),
+                                            bf16_round16(_mm512_mul_ps(x2, bf16_load16(s + i))));
+            const __m512 y2 =
+                _mm512_add_ps(bf16_round16(_mm512_mul_ps(x2, bf16_load16(c + half + i))),
+                              bf16_round16(_mm512_mul_ps(x1, bf16_load16(s + half + i))));
+            _mm256_storeu_si256((__m256i *)(o + i), (__m256i)_mm512_cvtneps_pbh(y1));
+            _mm256_storeu_si256((__m256i *)(o + half + i), (__m256i)_mm512_cvtneps_pbh(y2));
+        }
+#endif
+        for (; i < half; i++) {
+            const float x1 = bf16_load(xr, i), x2 = bf16_load(xr, half + i);
+            bf16_store(o, i, bf16_round(x1 * bf16_load(c, i)) + bf16_round(x2 * bf16_load(s, i)));
+            bf16_store(o, half + i, bf16_round(x2 * bf16_load(c, half + i)) +
+                                        bf16_round(x1 * bf16_load(s, half + i)));
+        }
+        if (R < D) memcpy(o + R, xr + R, (size_t)(D - R) * sizeof(uint16_t));
+    }
+}
+
 /* RMSNorm of bf16 rows in fp32. Row r of x starts at x + (r / inner) * outer + (r % inner) * D
  * (a [T, inner, D] view with contiguous heads, or plain [T, D] with inner = 1). scale: fp32
  * [scale_rows, D], row r uses row r % scale_rows. cast_first = 0 (Gemma): bf16(n * scale);

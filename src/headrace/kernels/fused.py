@@ -71,3 +71,22 @@ def rms_norm(
         out.data_ptr(),
     )  # fmt: skip
     return out
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    """x [T, H, D] (heads contiguous) rotated by cos / signed sin [T, 1, R], R <= D even:
+    `layers.rotary.apply_rotary` in one pass, with the same bf16 roundings."""
+    lib = cpu_kernels()
+    if lib is None or not _usable(x) or x.dim() != 3 or x.stride(-1) != 1:
+        return None
+    t, h, d = x.shape
+    r = cos.shape[-1]
+    if x.stride(1) != d or r > d or r % 2 or cos.shape != (t, 1, r) or sin.shape != cos.shape:
+        return None
+    if cos.dtype != torch.bfloat16 or sin.dtype != torch.bfloat16:
+        return None
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype)
+    lib.rope_bf16(x.data_ptr(), t, h, d, x.stride(0), cos.data_ptr(), sin.data_ptr(), r,
+                  out.data_ptr())  # fmt: skip
+    return out

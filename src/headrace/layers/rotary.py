@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from headrace.kernels import fused
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
 
 
@@ -124,7 +126,11 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] rotated by cos/sin [T, 1, rot_dim] (rotate-half layout, as in transformers)."""
+    """x [T, H, D] rotated by cos/sin [T, 1, rot_dim] (rotate-half layout, as in transformers).
+    bf16 on the CPU: one fused pass with the same roundings (kernels/fused.py)."""
+    fused_out = fused.rope(x, cos, sin)
+    if fused_out is not None:
+        return fused_out
     rot_dim = cos.shape[-1]
     if rot_dim < x.shape[-1]:
         rot, rest = x[..., :rot_dim], x[..., rot_dim:]
