@@ -65,6 +65,9 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_batched_tokens: int = _f(512, "token budget of one model step")
+    burst_batched_tokens: int | None = _f(
+        None, "token budget a step grows to while prompts back up (default 4x the above)"
+    )
     max_num_seqs: int = _f(64, "most requests running at once")
     policy: str = _f("continuous", "continuous | static (for comparison)")
     static_batch_size: int = _f(16, "static policy: requests per batch")
@@ -74,6 +77,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
+        if self.burst_batched_tokens is not None and self.burst_batched_tokens < 1:
+            raise ValueError("burst_batched_tokens must be positive")
         if self.policy not in ("continuous", "static"):
             raise ValueError(f"unknown scheduler policy {self.policy!r}")
 

@@ -28,7 +28,9 @@ def _assert_solo_outputs(engine, specs, fake_reference) -> None:
 
 
 def test_token_budget_and_seq_cap_hold_every_step(fake_engine, make_prompt, fake_reference):
-    engine = fake_engine(max_num_batched_tokens=16, max_num_seqs=4)
+    # burst budget off: the budget is exactly max_num_batched_tokens (test_step_budget.py
+    # covers the growth)
+    engine = fake_engine(max_num_batched_tokens=16, burst_batched_tokens=16, max_num_seqs=4)
     specs = _add_mixed(engine, make_prompt, 20)
     engine.run()
     assert len(engine.finished) == 20
@@ -40,7 +42,7 @@ def test_token_budget_and_seq_cap_hold_every_step(fake_engine, make_prompt, fake
 
 
 def test_chunked_prefill_runs_alongside_decodes(fake_engine, make_prompt, fake_reference):
-    engine = fake_engine(max_num_batched_tokens=16, max_num_seqs=8)
+    engine = fake_engine(max_num_batched_tokens=16, burst_batched_tokens=16, max_num_seqs=8)
     engine.add("short", make_prompt(1, 4), max_tokens=30, ignore_eos=True, temperature=0)
     engine.step()  # "short" prefills and samples its first token
     long_prompt = make_prompt(2, 100)

@@ -159,7 +159,8 @@ def test_requests_arriving_together_compute_their_shared_prefix_once() -> None:
 
 
 def test_a_waiter_computes_the_prefix_itself_once_its_promiser_is_gone() -> None:
-    e = _engine(max_num_batched_tokens=8)  # the promiser needs 5 steps for its prompt
+    # the promiser needs 5 steps for its prompt (a fixed budget: no growth in the backlog)
+    e = _engine(max_num_batched_tokens=8, burst_batched_tokens=8)
     system = make_prompt(4, 36)
     e.add("promiser", system + [1], **GREEDY)
     e.add("waiter", system + [2], **GREEDY)

@@ -21,6 +21,7 @@ from headrace.engine.logits_inputs import logits_inputs
 from headrace.engine.messages import RequestOutput, StepStats, TokenLogprobs
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.preemption import priority_victims
+from headrace.engine.step_budget import BURST_FACTOR, StepBudget
 from headrace.engine.step_stats import collect_stats
 from headrace.engine.stop_checker import check_stop
 from headrace.engine.waiting_queue import WaitingQueue
@@ -70,6 +71,8 @@ class Scheduler:
         self.queue: WaitingQueue = queue if queue is not None else FairQueue()
         self.clock = clock
         self.admission = make_admission(config)
+        base = config.max_num_batched_tokens
+        self.budget = StepBudget(base, config.burst_batched_tokens or BURST_FACTOR * base)
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.running: list[Request] = []  # in rank order: priority, then arrival
         self.num_preemptions_total = 0
@@ -133,7 +136,7 @@ class Scheduler:
         now = self.clock()
         self._expire(now)
         plan: dict[str, int] = {}  # request id -> tokens this step, in scheduling order
-        budget = self.config.max_num_batched_tokens
+        budget = self.budget.next(self.running, self.queue)
         preempted: set[str] = set()
         # Decode tokens first, so that a long prompt's chunks never stall running streams.
         for decodes in (True, False):
