@@ -16,7 +16,11 @@ within +1% of fp32 (docs/performance.md).
         --max-num-seqs 4      # at most 4 rows a step: the int8 greedy head serves every step
 
 A `-torch` suffix turns the CPU kernels off for that setting (kernels/: in-place decode
-attention, the exact int8 greedy head), to compare them with the torch paths.
+attention, the exact int8 greedy head), to compare them with the torch paths; `-nospec` turns
+speculative decoding off (its default: on while at most 4 requests run, engine.md).
+
+    .venv/bin/python bench/quality_gate.py --dtypes float32-nospec,bfloat16-nospec,bfloat16 \
+        --max-num-seqs 4      # greedy agreement with drafts checked in chunks vs one by one
 """
 
 from __future__ import annotations
@@ -83,19 +87,26 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> dict[str, float]:
 
 def evaluate(dtype: str, args: argparse.Namespace, text: str, prompts: list[str]) -> dict[str, Any]:
     t0 = time.monotonic()
-    torch_paths = dtype.endswith("-torch")
+    base, *flags = dtype.split("-")
+    torch_paths = "torch" in flags
     if torch_paths:  # every kernel off for this setting: the runner takes its torch paths
         os.environ["HEADRACE_CPU_KERNELS"] = "0"
         cpu_kernels.cache_clear()
     llm = LLM(
         ModelConfig(
             model=args.model,
-            dtype=dtype.removesuffix("-torch"),
+            dtype=base,
             device="cpu",
             max_model_len=args.window + 64,
         ),
         CacheConfig(num_kv_blocks=2048),
-        SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=1024),
+        SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=1024,
+            num_speculative_tokens=0
+            if "nospec" in flags
+            else SchedulerConfig.num_speculative_tokens,
+        ),
     )
     llm.core.runner.wait_greedy_head()  # every step of the run with the head it will have
     ids = llm.tokenizer.encode(text, add_special_tokens=True)

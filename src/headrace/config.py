@@ -69,6 +69,10 @@ class SchedulerConfig:
         None, "token budget a step grows to while prompts back up (default 4x the above)"
     )
     max_num_seqs: int = _f(64, "most requests running at once")
+    num_speculative_tokens: int = _f(
+        8, "draft tokens a greedy request checks per step, found by prompt lookup (0: off)"
+    )
+    speculative_max_seqs: int = _f(4, "speculate only while at most this many requests run")
     policy: str = _f("continuous", "continuous | static (for comparison)")
     static_batch_size: int = _f(16, "static policy: requests per batch")
     static_wait_ms: float = _f(20.0, "static policy: longest wait to fill a batch, ms")
@@ -79,6 +83,8 @@ class SchedulerConfig:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
         if self.burst_batched_tokens is not None and self.burst_batched_tokens < 1:
             raise ValueError("burst_batched_tokens must be positive")
+        if self.num_speculative_tokens < 0 or self.speculative_max_seqs < 0:
+            raise ValueError("num_speculative_tokens and speculative_max_seqs must be >= 0")
         if self.policy not in ("continuous", "static"):
             raise ValueError(f"unknown scheduler policy {self.policy!r}")
 

@@ -52,3 +52,15 @@ def test_invariants_catch_double_ownership_leaks_and_short_tables() -> None:
 
 def test_blocks_for_rounds_up() -> None:
     assert [blocks_for(n, 4) for n in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
+
+
+def test_trim_gives_back_the_blocks_past_a_length() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4)
+    assert bm.allocate("a", 13) is not None  # 4 blocks: a speculative step's drafts
+    kept = bm.block_table("a")[:2]
+    assert bm.trim("a", 6) == 2  # 6 tokens need 2 blocks
+    assert bm.block_table("a") == kept
+    assert bm.num_free_blocks == 6
+    bm.check_invariants({"a": 6})
+    assert bm.trim("a", 8) == 0
+    assert bm.trim("nobody", 0) == 0

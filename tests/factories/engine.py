@@ -17,7 +17,7 @@ from headrace.config import SchedulerConfig
 from headrace.engine.block_manager import BlockManager
 from headrace.engine.engine_core import EngineCore
 from headrace.engine.messages import EngineCoreRequest, RequestOutput, StepStats
-from headrace.engine.outputs import RunnerOutput, SchedulerOutput
+from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.scheduler import Scheduler
 from headrace.engine.waiting_queue import WaitingQueue
 from headrace.request import Request, SamplingParams
@@ -90,6 +90,7 @@ class FakeRunner:
                     self.kv[block] = [None] * self.block_size
                     del self.owner[block]
         sampled = {}
+        picks: dict[str, list[int]] = {}
         bs = self.block_size
         for s in out.scheduled:
             assert len(s.block_ids) * bs >= s.start_pos + len(s.token_ids)
@@ -98,13 +99,21 @@ class FakeRunner:
                 self.kv[s.block_ids[pos // bs]][pos % bs] = tok
                 self.owner[s.block_ids[pos // bs]] = s.request_id
             if s.sample:
-                end = s.start_pos + len(s.token_ids)
-                history = [self.kv[s.block_ids[p // bs]][p % bs] for p in range(end)]
-                assert None not in history
-                sampled[s.request_id] = fake_next_token(
-                    [t for t in history if t is not None], s.params, s.num_output_tokens
-                )
-        return RunnerOutput(sampled=sampled)
+                # The token after the last known one, and after each draft (speculation).
+                known = s.start_pos + len(s.token_ids) - len(s.draft_token_ids)
+                sampled[s.request_id] = self._next(s, known)
+                if s.draft_token_ids:
+                    picks[s.request_id] = [
+                        self._next(s, known + 1 + i) for i in range(len(s.draft_token_ids))
+                    ]
+        return RunnerOutput(sampled=sampled, draft_picks=picks)
+
+    def _next(self, s: ScheduledRequest, end: int) -> int:
+        """The fake model's token after the first `end` tokens of `s`, read from the pool."""
+        bs = self.block_size
+        history = [self.kv[s.block_ids[p // bs]][p % bs] for p in range(end)]
+        assert None not in history
+        return fake_next_token([t for t in history if t is not None], s.params, s.num_output_tokens)
 
 
 def make_scheduler(

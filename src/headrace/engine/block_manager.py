@@ -109,6 +109,20 @@ class BlockManager:
                 self._free.append(block)
         return len(table)
 
+    def trim(self, request_id: str, num_tokens: int) -> int:
+        """Give back the blocks past the first `num_tokens` tokens (those of a speculative
+        step's rejected drafts); returns how many. Such blocks are the request's own: only
+        computed full blocks are ever shared or cached."""
+        table = self._tables.get(request_id, [])
+        keep = blocks_for(num_tokens, self.block_size)
+        extra = table[keep:]
+        del table[keep:]
+        for block in reversed(extra):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._free.append(block)
+        return len(extra)
+
     def owners(self) -> list[str]:
         return list(self._tables)
 

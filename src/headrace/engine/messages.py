@@ -72,6 +72,9 @@ class StepStats(msgspec.Struct, frozen=True):
     # Prompt tokens looked up in the prefix cache, and found, at each request's admission.
     prefix_cache_queries_total: int = 0
     prefix_cache_hits_total: int = 0
+    # Speculative decoding: draft tokens checked by the model so far, and accepted.
+    spec_draft_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

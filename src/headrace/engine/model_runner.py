@@ -15,8 +15,9 @@ from headrace.engine.kv_cache import KVCache, blocks_for_budget
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.sampler import Sampler
-from headrace.engine.step_inputs import build_step_inputs
+from headrace.engine.step_inputs import StepInputs, build_step_inputs
 from headrace.engine.structured import GrammarMasks
+from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_head import supported as int8_head_supported
 from headrace.kernels.paged_decode import supported as paged_decode_supported
@@ -188,11 +189,33 @@ class ModelRunner:
                 self.grammars.apply(logits, inputs.sampled)
                 tokens, logprobs = self.sampler(logits, inputs.sampled)
             self.grammars.advance(inputs.sampled, tokens)
+            picks = self._draft_picks(hidden, inputs)
         ids = [r.request_id for r in inputs.sampled]
         lps: dict[str, TokenLogprobs] = {
             i: lp for i, lp in zip(ids, logprobs, strict=True) if lp is not None
         }
-        return RunnerOutput(sampled=dict(zip(ids, tokens, strict=True)), logprobs=lps)
+        return RunnerOutput(
+            sampled=dict(zip(ids, tokens, strict=True)), logprobs=lps, draft_picks=picks
+        )
+
+    def _draft_picks(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[str, list[int]]:
+        """The greedy token after each draft (only greedy requests get drafts)."""
+        if inputs.draft_rows is None:
+            return {}
+        rows = hidden[inputs.draft_rows]  # [D, H]
+        head = self.greedy_head
+        if head is not None and len(rows) <= head.max_rows:
+            flat = head.argmax(rows).tolist()
+        else:
+            flat = argmax_rows(self.model.compute_logits(rows)).tolist()
+        picks: dict[str, list[int]] = {}
+        for r in inputs.sampled:
+            if r.draft_token_ids:
+                picks[r.request_id], flat = (
+                    flat[: len(r.draft_token_ids)],
+                    flat[len(r.draft_token_ids) :],
+                )
+        return picks
 
     @property
     def greedy_head(self) -> Int8GreedyHead | None:

@@ -36,6 +36,9 @@ class ScheduledRequest:
     params: SamplingParams
     num_output_tokens: int  # tokens generated so far (seeded sampling steps on this)
     logits_inputs: LogitsInputs | None = None  # None: no logits processor this step
+    # Speculative guesses at the tokens after the last one; they end token_ids, and the
+    # runner returns its greedy pick after each (speculation.py).
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -56,5 +59,6 @@ class SchedulerOutput:
 class RunnerOutput:
     """Sampled tokens for the requests whose ScheduledRequest had sample=True."""
 
-    sampled: dict[str, int]
+    sampled: dict[str, int]  # the token after each request's last known token
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    draft_picks: dict[str, list[int]] = field(default_factory=dict)  # greedy token after each draft

@@ -19,8 +19,10 @@ from headrace.engine.fair_queue import FairQueue
 from headrace.engine.limits import check_fits
 from headrace.engine.logits_inputs import logits_inputs
 from headrace.engine.messages import RequestOutput, StepStats, TokenLogprobs
+from headrace.engine.ngram_proposer import NgramProposer
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.preemption import priority_victims
+from headrace.engine.speculation import accept, drafts_for
 from headrace.engine.step_budget import BURST_FACTOR, StepBudget
 from headrace.engine.step_stats import collect_stats
 from headrace.engine.stop_checker import check_stop
@@ -82,6 +84,10 @@ class Scheduler:
         self._pending: list[RequestOutput] = []  # finished outside a step (abort, deadline)
         self._finished_ids: list[str] = []  # for the runner to drop their state
         self._last_prefill = 0  # prompt tokens in the last scheduled step
+        self.proposer = NgramProposer(config.num_speculative_tokens)
+        self._drafts: dict[str, list[int]] = {}  # this step's speculative tokens, per request
+        self.spec_drafted_total = 0  # draft tokens checked so far
+        self.spec_accepted_total = 0  # ... and kept
 
     # -- requests in and out ------------------------------------------------------------
 
@@ -138,6 +144,8 @@ class Scheduler:
         plan: dict[str, int] = {}  # request id -> tokens this step, in scheduling order
         budget = self.budget.next(self.running, self.queue)
         preempted: set[str] = set()
+        speculate = len(self.running) <= self.config.speculative_max_seqs
+        self._drafts = {}
         # Decode tokens first, so that a long prompt's chunks never stall running streams.
         for decodes in (True, False):
             for req in list(self.running):
@@ -147,7 +155,10 @@ class Scheduler:
                 rid = req.request_id
                 if (remaining == 1) != decodes or rid in plan or rid in preempted:
                     continue
-                budget -= self._schedule_running(req, min(remaining, budget), plan, preempted)
+                n = min(remaining, budget)
+                if decodes and speculate:
+                    n += self._draft(req, budget)
+                budget -= self._schedule_running(req, n, plan, preempted)
         budget = self._admit(budget, plan, preempted, now)
         return self._build_output(plan, now)
 
@@ -165,28 +176,56 @@ class Scheduler:
         return self.take_outputs()
 
     def _update_one(self, req: Request, s: ScheduledRequest, result: RunnerOutput) -> None:
-        req.num_computed_tokens = s.start_pos + len(s.token_ids)
+        token = result.sampled.get(s.request_id) if s.sample else None
+        drafts = s.draft_token_ids
+        new = (
+            [] if token is None else accept(token, drafts, result.draft_picks.get(s.request_id, []))
+        )
+        status, emitted = self._append(req, new)
+        # KV entries hold the tokens up to the last known one and the accepted drafts; those of
+        # rejected drafts lie past them, and the next step overwrites them.
+        computed = s.start_pos + len(s.token_ids) - len(drafts) + max(0, len(new) - 1)
+        req.num_computed_tokens = min(computed, req.num_tokens)
+        if drafts:
+            self.spec_drafted_total += len(drafts)
+            self.spec_accepted_total += max(0, len(new) - 1)
+            self.blocks.trim(req.request_id, req.num_computed_tokens)
         if self.blocks.num_uncached_full_blocks(req.request_id, req.num_computed_tokens) > 0:
             self.blocks.cache_computed(
                 req.request_id, req.all_token_ids, req.num_computed_tokens, req.cache_salt
             )
         if not s.sample:
             return
-        token = result.sampled.get(s.request_id)
         if token is None:
             self._finish(req, RequestStatus.FINISHED_ERROR)
             self._pending.append(self._output(req, [], error="the model runner sampled no token"))
             return
-        req.output_token_ids.append(token)
         if req.first_token_time is None:
             req.first_token_time = self.clock()
-        status = check_stop(req, token, self.max_model_len)
         if status is not None:
             self._finish(req, status)
         lp = result.logprobs.get(s.request_id)
-        self._pending.append(self._output(req, [token], logprobs=[lp] if lp else []))
+        self._pending.append(self._output(req, emitted, logprobs=[lp] if lp else []))
+
+    def _append(self, req: Request, tokens: list[int]) -> tuple[RequestStatus | None, list[int]]:
+        """Add a step's tokens to `req` up to the first that ends it (and its status)."""
+        for i, t in enumerate(tokens):
+            req.output_token_ids.append(t)
+            status = check_stop(req, t, self.max_model_len)
+            if status is not None:
+                return status, tokens[: i + 1]
+        return None, tokens
 
     # -- scheduling helpers -------------------------------------------------------------
+
+    def _draft(self, req: Request, budget: int) -> int:
+        """Propose drafts for a decoding request where its blocks can hold them without
+        taking anyone's; returns how many (they are kept for `_build_output`)."""
+        drafts = drafts_for(req, self.proposer, self.max_model_len, budget)
+        if not drafts or not self.blocks.can_fit(req.request_id, req.num_tokens + len(drafts)):
+            return 0
+        self._drafts[req.request_id] = drafts
+        return len(drafts)
 
     def _schedule_running(
         self, req: Request, n: int, plan: dict[str, int], preempted: set[str]
@@ -311,21 +350,25 @@ class Scheduler:
         for rid, n in plan.items():
             req = self.requests[rid]
             start = req.num_computed_tokens
+            # _schedule_running may have cut a speculative step short of its drafts.
+            drafts = self._drafts.get(rid, [])[: max(0, n - 1)] if n > 1 else []
+            n -= len(drafts)
             self._last_prefill += max(0, min(n, req.num_prompt_tokens - start))
             sample = start + n == req.num_tokens
             scheduled.append(
                 ScheduledRequest(
                     request_id=rid,
-                    token_ids=_token_slice(req, start, n),
+                    token_ids=_token_slice(req, start, n) + drafts,
                     start_pos=start,
                     block_ids=self.blocks.block_table(rid),
                     sample=sample,
                     params=req.params,
                     num_output_tokens=req.num_output_tokens,
                     logits_inputs=logits_inputs(req) if sample else None,
+                    draft_token_ids=drafts,
                 )
             )
-            self.queue.charge(req, n)
+            self.queue.charge(req, n + len(drafts))
         finished: list[str] = []
         if scheduled:  # an empty step is not run: keep the ids for the next one
             finished, self._finished_ids = self._finished_ids, []
@@ -386,4 +429,5 @@ class Scheduler:
             self.running, self.queue, self.blocks, self.num_preemptions_total,
             batched, min(self._last_prefill, batched), step_duration, self.num_tokens_total,
             (self.prefix_queries_total, self.prefix_hits_total),
+            (self.spec_drafted_total, self.spec_accepted_total),
         )  # fmt: skip

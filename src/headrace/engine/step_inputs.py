@@ -23,6 +23,8 @@ class StepInputs:
     meta: AttentionMetadata
     sample_rows: torch.Tensor  # [S] int64: row of each sampled request's last token
     sampled: list[ScheduledRequest]  # the requests behind sample_rows, same order
+    # [D] int64: rows of the draft tokens, request after request in the order of `sampled`
+    draft_rows: torch.Tensor | None = None
 
 
 def build_step_inputs(
@@ -43,6 +45,7 @@ def build_step_inputs(
     positions: list[int] = []
     slots: list[int] = []
     sample_rows: list[int] = []
+    draft_rows: list[int] = []
     sampled: list[ScheduledRequest] = []
     prefills: list[PrefillChunk] = []
     for req in ordered:
@@ -57,7 +60,9 @@ def build_step_inputs(
             views = {w: v for w in windows if (v := _prefill_view(req, block_size, w, device))}
             prefills.append(PrefillChunk(start, start + n, views))
         if req.sample:
-            sample_rows.append(start + n - 1)
+            last = start + n - 1 - len(req.draft_token_ids)  # the last known token's row
+            sample_rows.append(last)
+            draft_rows.extend(range(last + 1, start + n))
             sampled.append(req)
     meta = AttentionMetadata(
         slot_mapping=_tensor(slots, device),
@@ -73,6 +78,7 @@ def build_step_inputs(
         meta,
         _tensor(sample_rows, device),
         sampled,
+        _tensor(draft_rows, device) if draft_rows else None,
     )
 
 

@@ -42,7 +42,7 @@ def execute_isolating_failures(
         )  # fmt: skip
     retry = _Bisect(execute, on_culprit, out.finished_ids)
     retry.split(out.scheduled)
-    return RunnerOutput(sampled=retry.sampled, logprobs=retry.logprobs)
+    return RunnerOutput(sampled=retry.sampled, logprobs=retry.logprobs, draft_picks=retry.picks)
 
 
 class _Bisect:
@@ -54,6 +54,7 @@ class _Bisect:
         self.finished_ids = finished_ids
         self.sampled: dict[str, int] = {}
         self.logprobs: dict[str, TokenLogprobs] = {}
+        self.picks: dict[str, list[int]] = {}
 
     def split(self, scheduled: list[ScheduledRequest]) -> None:
         mid = len(scheduled) // 2
@@ -74,3 +75,4 @@ class _Bisect:
         self.finished_ids = []
         self.sampled.update(result.sampled)
         self.logprobs.update(result.logprobs)
+        self.picks.update(result.draft_picks)

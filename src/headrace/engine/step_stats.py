@@ -20,8 +20,10 @@ def collect_stats(
     step_duration: float,
     num_tokens_total: int = 0,
     prefix_cache: tuple[int, int] = (0, 0),
+    speculation: tuple[int, int] = (0, 0),
 ) -> StepStats:
-    """`prefix_cache`: prompt tokens looked up in the prefix cache so far, and found."""
+    """`prefix_cache`: prompt tokens looked up in the prefix cache so far, and found;
+    `speculation`: draft tokens checked so far, and accepted."""
     return StepStats(
         step_duration=step_duration,
         num_running=len(running),
@@ -40,6 +42,8 @@ def collect_stats(
         kv_blocks_cached=blocks.num_cached_blocks,
         prefix_cache_queries_total=prefix_cache[0],
         prefix_cache_hits_total=prefix_cache[1],
+        spec_draft_tokens_total=speculation[0],
+        spec_accepted_tokens_total=speculation[1],
     )
 
 
