@@ -17,13 +17,13 @@ from headrace.engine.admission import make_admission
 from headrace.engine.block_manager import BlockManager
 from headrace.engine.fair_queue import FairQueue
 from headrace.engine.limits import check_fits
-from headrace.engine.logits_inputs import logits_inputs
 from headrace.engine.messages import RequestOutput, StepStats, TokenLogprobs
 from headrace.engine.ngram_proposer import NgramProposer
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.preemption import priority_victims
 from headrace.engine.speculation import accept, drafts_for
 from headrace.engine.step_budget import BURST_FACTOR, StepBudget
+from headrace.engine.step_plan import known_tokens, prompt_tokens, scheduled_request
 from headrace.engine.step_stats import collect_stats
 from headrace.engine.stop_checker import check_stop
 from headrace.engine.waiting_queue import WaitingQueue
@@ -38,22 +38,6 @@ _WATERMARK = 0.01
 
 def _rank(req: Request) -> tuple[int, float]:
     return (req.priority, req.arrival_time)
-
-
-def _known(req: Request) -> list[int]:
-    """The tokens a waiting request will compute: its prompt, and after a preemption the
-    tokens it had generated too."""
-    return req.prompt_token_ids if not req.output_token_ids else req.all_token_ids
-
-
-def _token_slice(req: Request, start: int, n: int) -> list[int]:
-    """all_token_ids[start : start + n] without copying a long prompt for every decode."""
-    p = req.num_prompt_tokens
-    if start >= p:
-        return req.output_token_ids[start - p : start - p + n]
-    if start + n <= p:
-        return req.prompt_token_ids[start : start + n]
-    return req.all_token_ids[start : start + n]
 
 
 class Scheduler:
@@ -256,7 +240,7 @@ class Scheduler:
             if req is None or req.request_id in preempted:
                 break
             hit = self._match_prefix(req)
-            if self.blocks.next_block_promised(req.request_id, _known(req), req.cache_salt):
+            if self.blocks.next_block_promised(req.request_id, known_tokens(req), req.cache_salt):
                 self._unmatch(req)
                 self.queue.remove(req)
                 deferred.append(req)
@@ -276,7 +260,7 @@ class Scheduler:
             else:
                 self.queue.remove(req)
             req.status = RequestStatus.RUNNING
-            self.blocks.promise(req.request_id, _known(req), req.cache_salt)
+            self.blocks.promise(req.request_id, known_tokens(req), req.cache_salt)
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
                 req.num_cached_tokens = hit
@@ -294,7 +278,9 @@ class Scheduler:
         """Start a waiting request at its cached prefix; returns the tokens found."""
         if not self.blocks.caching or self.blocks.num_blocks_of(req.request_id):
             return 0
-        req.num_computed_tokens = self.blocks.match(req.request_id, _known(req), req.cache_salt)
+        req.num_computed_tokens = self.blocks.match(
+            req.request_id, known_tokens(req), req.cache_salt
+        )
         return req.num_computed_tokens
 
     def _unmatch(self, req: Request) -> None:
@@ -349,26 +335,12 @@ class Scheduler:
         self._last_prefill = 0
         for rid, n in plan.items():
             req = self.requests[rid]
-            start = req.num_computed_tokens
             # _schedule_running may have cut a speculative step short of its drafts.
             drafts = self._drafts.get(rid, [])[: max(0, n - 1)] if n > 1 else []
-            n -= len(drafts)
-            self._last_prefill += max(0, min(n, req.num_prompt_tokens - start))
-            sample = start + n == req.num_tokens
-            scheduled.append(
-                ScheduledRequest(
-                    request_id=rid,
-                    token_ids=_token_slice(req, start, n) + drafts,
-                    start_pos=start,
-                    block_ids=self.blocks.block_table(rid),
-                    sample=sample,
-                    params=req.params,
-                    num_output_tokens=req.num_output_tokens,
-                    logits_inputs=logits_inputs(req) if sample else None,
-                    draft_token_ids=drafts,
-                )
-            )
-            self.queue.charge(req, n + len(drafts))
+            s = scheduled_request(req, n - len(drafts), drafts, self.blocks.block_table(rid))
+            self._last_prefill += prompt_tokens(s, req)
+            scheduled.append(s)
+            self.queue.charge(req, n)
         finished: list[str] = []
         if scheduled:  # an empty step is not run: keep the ids for the next one
             finished, self._finished_ids = self._finished_ids, []
