@@ -15,7 +15,7 @@ from headrace.engine.kv_cache import KVCache, blocks_for_budget
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.sampler import Sampler
-from headrace.engine.step_inputs import StepInputs, build_step_inputs
+from headrace.engine.step_inputs import build_step_inputs
 from headrace.engine.structured import GrammarMasks
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
@@ -180,16 +180,23 @@ class ModelRunner:
             )  # [T, H]
             if not inputs.sampled:
                 return RunnerOutput(sampled={})
-            rows = hidden[inputs.sample_rows]  # [S, H]
-            if head := self._greedy_head_for(inputs.sampled):
-                tokens = head.argmax(rows).tolist()
-                logprobs: list[TokenLogprobs | None] = [None] * len(tokens)
+            # The sampled rows, then the drafts' rows: one pass over the head for all of them.
+            s = len(inputs.sampled)
+            drafts = inputs.draft_rows
+            rows = hidden[
+                inputs.sample_rows if drafts is None else torch.cat([inputs.sample_rows, drafts])
+            ]
+            if head := self._greedy_head_for(inputs.sampled, len(rows)):
+                flat = head.argmax(rows).tolist()
+                tokens, draft_tokens = flat[:s], flat[s:]
+                logprobs: list[TokenLogprobs | None] = [None] * s
             else:
-                logits = self.model.compute_logits(rows)  # [S, V]
-                self.grammars.apply(logits, inputs.sampled)
-                tokens, logprobs = self.sampler(logits, inputs.sampled)
+                logits = self.model.compute_logits(rows)  # [S + D, V]
+                self.grammars.apply(logits[:s], inputs.sampled)
+                tokens, logprobs = self.sampler(logits[:s], inputs.sampled)
+                draft_tokens = argmax_rows(logits[s:]).tolist() if drafts is not None else []
             self.grammars.advance(inputs.sampled, tokens)
-            picks = self._draft_picks(hidden, inputs)
+        picks = _split_picks(inputs.sampled, draft_tokens)
         ids = [r.request_id for r in inputs.sampled]
         lps: dict[str, TokenLogprobs] = {
             i: lp for i, lp in zip(ids, logprobs, strict=True) if lp is not None
@@ -197,25 +204,6 @@ class ModelRunner:
         return RunnerOutput(
             sampled=dict(zip(ids, tokens, strict=True)), logprobs=lps, draft_picks=picks
         )
-
-    def _draft_picks(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[str, list[int]]:
-        """The greedy token after each draft (only greedy requests get drafts)."""
-        if inputs.draft_rows is None:
-            return {}
-        rows = hidden[inputs.draft_rows]  # [D, H]
-        head = self.greedy_head
-        if head is not None and len(rows) <= head.max_rows:
-            flat = head.argmax(rows).tolist()
-        else:
-            flat = argmax_rows(self.model.compute_logits(rows)).tolist()
-        picks: dict[str, list[int]] = {}
-        for r in inputs.sampled:
-            if r.draft_token_ids:
-                picks[r.request_id], flat = (
-                    flat[: len(r.draft_token_ids)],
-                    flat[len(r.draft_token_ids) :],
-                )
-        return picks
 
     @property
     def greedy_head(self) -> Int8GreedyHead | None:
@@ -225,10 +213,12 @@ class ModelRunner:
     def wait_greedy_head(self) -> Int8GreedyHead | None:
         return self._greedy_head.result()
 
-    def _greedy_head_for(self, sampled: list[ScheduledRequest]) -> Int8GreedyHead | None:
+    def _greedy_head_for(
+        self, sampled: list[ScheduledRequest], num_rows: int
+    ) -> Int8GreedyHead | None:
         """The exact int8 greedy head, where it serves this step (see kernels/int8_head.py)."""
         head = self.greedy_head
-        if head is None or len(sampled) > head.max_rows:
+        if head is None or num_rows > head.max_rows:
             return None
         if not all(_plain_greedy(r) for r in sampled):
             return None
@@ -268,6 +258,17 @@ class ModelRunner:
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,
         }
+
+
+def _split_picks(sampled: list[ScheduledRequest], flat: list[int]) -> dict[str, list[int]]:
+    """The greedy token after each draft, per request (`flat`: request after request)."""
+    picks: dict[str, list[int]] = {}
+    at = 0
+    for r in sampled:
+        if r.draft_token_ids:
+            picks[r.request_id] = flat[at : at + len(r.draft_token_ids)]
+            at += len(r.draft_token_ids)
+    return picks
 
 
 def _tokenizer_json(model_dir: Path | None) -> str:
