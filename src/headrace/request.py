@@ -159,6 +159,12 @@ class SamplingParams:
         # As vLLM: dividing logits by a tiny temperature overflows to inf and NaN.
         return self.temperature < GREEDY_BELOW_TEMPERATURE
 
+    @property
+    def argmax_only(self) -> bool:
+        """Greedy and nothing else read from the logits: no logprobs, no grammar mask (logits
+        processors aside: whether they act depends on the step, see logits_inputs)."""
+        return self.greedy and self.logprobs is None and self.grammar is None
+
 
 def _check_int(name: str, value: object, lo: int, hi: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):

@@ -281,8 +281,7 @@ def _tokenizer_json(model_dir: Path | None) -> str:
 
 def _plain_greedy(r: ScheduledRequest) -> bool:
     """Greedy on the raw logits: no logprobs, no grammar mask, no logits processors."""
-    p = r.params
-    return p.greedy and p.logprobs is None and p.grammar is None and r.logits_inputs is None
+    return r.params.argmax_only and r.logits_inputs is None
 
 
 def _int8_greedy_head(model: CausalLM) -> Int8GreedyHead | None:

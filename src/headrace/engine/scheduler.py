@@ -128,7 +128,9 @@ class Scheduler:
         plan: dict[str, int] = {}  # request id -> tokens this step, in scheduling order
         budget = self.budget.next(self.running, self.queue)
         preempted: set[str] = set()
-        speculate = len(self.running) <= self.config.speculative_max_seqs
+        speculate = self.proposer.num_tokens > 0 and (
+            len(self.running) <= self.config.speculative_max_seqs
+        )
         self._drafts = {}
         # Decode tokens first, so that a long prompt's chunks never stall running streams.
         for decodes in (True, False):

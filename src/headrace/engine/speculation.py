@@ -19,8 +19,7 @@ from headrace.request import Request
 def speculates(req: Request) -> bool:
     """Greedy on the raw logits: the only case where accepting a draft is exact without
     rejection sampling (no logprobs, no grammar, no logits processors)."""
-    p = req.params
-    return p.greedy and p.logprobs is None and p.grammar is None and not p.processes_logits
+    return req.params.argmax_only and not req.params.processes_logits
 
 
 def drafts_for(req: Request, proposer: NgramProposer, max_model_len: int, budget: int) -> list[int]:
