@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from headrace.config import SchedulerConfig
+from headrace.engine.block_manager import BlockManager
 from headrace.request import Request
 
 
@@ -34,3 +36,22 @@ def priority_victims(
     if len(running) - len(chosen) >= max_num_seqs or need_blocks > free_blocks:
         return None
     return chosen
+
+
+def victims_to_admit(
+    running: Sequence[Request],
+    req: Request,
+    n: int,
+    blocks: BlockManager,
+    config: SchedulerConfig,
+) -> list[Request] | None:
+    """`priority_victims` for admitting `req` with its next `n` tokens into `blocks`."""
+    return priority_victims(
+        running,
+        req,
+        need_blocks=blocks.blocks_needed(req.request_id, req.num_computed_tokens + n),
+        free_blocks=blocks.num_free_blocks,
+        blocks_of=lambda r: blocks.num_freeable(r.request_id),
+        max_num_seqs=config.max_num_seqs,
+        max_preemptions=config.max_preemptions,
+    )

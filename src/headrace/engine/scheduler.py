@@ -17,15 +17,16 @@ from headrace.engine.admission import make_admission
 from headrace.engine.block_manager import BlockManager
 from headrace.engine.fair_queue import FairQueue
 from headrace.engine.limits import check_fits
-from headrace.engine.messages import RequestOutput, StepStats, TokenLogprobs
+from headrace.engine.messages import RequestOutput, StepStats
 from headrace.engine.ngram_proposer import NgramProposer
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
-from headrace.engine.preemption import priority_victims
+from headrace.engine.preemption import victims_to_admit
+from headrace.engine.request_report import expired_status, request_output
 from headrace.engine.speculation import accept, drafts_for
 from headrace.engine.step_budget import BURST_FACTOR, StepBudget
 from headrace.engine.step_plan import known_tokens, prompt_tokens, scheduled_request
 from headrace.engine.step_stats import collect_stats
-from headrace.engine.stop_checker import check_stop
+from headrace.engine.stop_checker import append_until_stop
 from headrace.engine.waiting_queue import WaitingQueue
 from headrace.request import Request, RequestStatus
 
@@ -93,7 +94,7 @@ class Scheduler:
         if req is None:
             return False
         self._finish(req, RequestStatus.FINISHED_ABORTED)
-        self._pending.append(self._output(req, []))
+        self._pending.append(request_output(req, []))
         return True
 
     def emit(self, output: RequestOutput) -> None:
@@ -106,7 +107,7 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is not None:
                 self._finish(req, RequestStatus.FINISHED_ERROR)
-                self._pending.append(self._output(req, [], error=error))
+                self._pending.append(request_output(req, [], error=error))
 
     def take_outputs(self) -> list[RequestOutput]:
         """The outputs that finished outside a step, now (after a step that broke down)."""
@@ -167,7 +168,7 @@ class Scheduler:
         new = (
             [] if token is None else accept(token, drafts, result.draft_picks.get(s.request_id, []))
         )
-        status, emitted = self._append(req, new)
+        status, emitted = append_until_stop(req, new, self.max_model_len)
         # KV entries hold the tokens up to the last known one and the accepted drafts; those of
         # rejected drafts lie past them, and the next step overwrites them.
         computed = s.start_pos + len(s.token_ids) - len(drafts) + max(0, len(new) - 1)
@@ -184,23 +185,14 @@ class Scheduler:
             return
         if token is None:
             self._finish(req, RequestStatus.FINISHED_ERROR)
-            self._pending.append(self._output(req, [], error="the model runner sampled no token"))
+            self._pending.append(request_output(req, [], error="the model runner sampled no token"))
             return
         if req.first_token_time is None:
             req.first_token_time = self.clock()
         if status is not None:
             self._finish(req, status)
         lp = result.logprobs.get(s.request_id)
-        self._pending.append(self._output(req, emitted, logprobs=[lp] if lp else []))
-
-    def _append(self, req: Request, tokens: list[int]) -> tuple[RequestStatus | None, list[int]]:
-        """Add a step's tokens to `req` up to the first that ends it (and its status)."""
-        for i, t in enumerate(tokens):
-            req.output_token_ids.append(t)
-            status = check_stop(req, t, self.max_model_len)
-            if status is not None:
-                return status, tokens[: i + 1]
-        return None, tokens
+        self._pending.append(request_output(req, emitted, logprobs=[lp] if lp else []))
 
     # -- scheduling helpers -------------------------------------------------------------
 
@@ -307,15 +299,7 @@ class Scheduler:
         """
         if not self.admission.allows_priority_preemption:
             return None
-        victims = priority_victims(
-            self.running,
-            req,
-            need_blocks=self.blocks.blocks_needed(req.request_id, req.num_computed_tokens + n),
-            free_blocks=self.blocks.num_free_blocks,
-            blocks_of=lambda r: self.blocks.num_freeable(r.request_id),
-            max_num_seqs=self.config.max_num_seqs,
-            max_preemptions=self.config.max_preemptions,
-        )
+        victims = victims_to_admit(self.running, req, n, self.blocks, self.config)
         if victims is None:
             return None
         return sum(self._preempt(victim, plan, preempted) for victim in victims)
@@ -350,18 +334,10 @@ class Scheduler:
 
     def _expire(self, now: float) -> None:
         for req in list(self.requests.values()):
-            if req.deadline is not None and now >= req.deadline:
-                status = RequestStatus.FINISHED_TIMEOUT
-            elif (
-                req.queue_deadline is not None
-                and now >= req.queue_deadline
-                and req.first_scheduled_time is None
-            ):
-                status = RequestStatus.FINISHED_OVERLOADED
-            else:
-                continue
-            self._finish(req, status)
-            self._pending.append(self._output(req, []))
+            status = expired_status(req, now)
+            if status is not None:
+                self._finish(req, status)
+                self._pending.append(request_output(req, []))
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         if req in self.running:
@@ -373,26 +349,6 @@ class Scheduler:
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)
         self.admission.on_finish(req)
-
-    def _output(
-        self,
-        req: Request,
-        new_token_ids: list[int],
-        error: str | None = None,
-        logprobs: list[TokenLogprobs] | None = None,
-    ) -> RequestOutput:
-        started = req.first_scheduled_time
-        return RequestOutput(
-            request_id=req.request_id,
-            new_token_ids=new_token_ids,
-            finish_reason=req.status.finish_reason,
-            num_prompt_tokens=req.num_prompt_tokens,
-            num_output_tokens=req.num_output_tokens,
-            logprobs=logprobs or [],
-            error=error,
-            queue_time=None if started is None else started - req.arrival_time,
-            num_cached_tokens=req.num_cached_tokens,
-        )
 
     # -- statistics ---------------------------------------------------------------------
 

@@ -18,3 +18,16 @@ def check_stop(req: Request, token: int, max_model_len: int) -> RequestStatus | 
     if req.num_output_tokens >= params.max_tokens or req.num_tokens >= max_model_len:
         return RequestStatus.FINISHED_LENGTH
     return None
+
+
+def append_until_stop(
+    req: Request, tokens: list[int], max_model_len: int
+) -> tuple[RequestStatus | None, list[int]]:
+    """Add a step's tokens to `req` up to the first that ends it; returns the status it
+    reached (if any) and the tokens added."""
+    for i, t in enumerate(tokens):
+        req.output_token_ids.append(t)
+        status = check_stop(req, t, max_model_len)
+        if status is not None:
+            return status, tokens[: i + 1]
+    return None, tokens
