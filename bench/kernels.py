@@ -1,6 +1,7 @@
 """The CPU kernels against the torch paths they replace, on Gemma 3 270M's shapes. Prints JSON.
 
     .venv/bin/python bench/kernels.py
+    .venv/bin/python bench/kernels.py --only causal,decode
 
 * decode attention, one layer (Hq 4, Hkv 1, D 256, block 16, bf16): the in-place kernel vs the
   torch path (gather the blocks with index_select, then SDPA with a mask), at several batch
@@ -9,6 +10,8 @@
 * grammar masks (structured outputs) on [R, 262144] bf16 logits: the kernel vs torch unpacking;
 * fused bf16 elementwise ops of a 512-token prefill (RMSNorm + residual, gelu x up, rotary of
   the 4 q + 1 k heads) and of a 32-row decode (rotary) vs torch;
+* causal attention of a chunk that starts its sequence (Hq 4, Hkv 1, D 256, bf16, one layer):
+  blocked matmuls (layers/causal_attention.py) vs SDPA with is_causal, at 128-2,048 tokens;
 * the greedy head, [R, 640] hidden rows -> token ids over a 262144 x 640 bf16 head (random
   weights of Gemma's scale): the exact int8 head vs the bf16 oneDNN matmul + argmax kernel.
 
@@ -37,12 +40,14 @@ from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.token_mask import _torch_mask, mask_tokens
 from headrace.layers.attention import _decode
+from headrace.layers.causal_attention import causal_attention
 from headrace.layers.linear import pack_weight, packed_linear
 from headrace.layers.rotary import RotaryEmbedding
 from headrace.request import SamplingParams
 
 HQ, HKV, D, BS, VOCAB = 4, 1, 256, 16, 262144
 POOL_BLOCKS = 8192
+CAUSAL_LENGTHS = (128, 256, 384, 512, 1024, 2048)
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -73,6 +78,21 @@ def decode_case(batch: int, context: int, repeats: int) -> dict[str, float]:
         for kernel, m in views.items()
     }
     return {"torch_ms": ms[False], "kernel_ms": ms[True], "ratio": ms[False] / ms[True]}
+
+
+def causal_case(n: int, repeats: int) -> dict[str, float]:
+    q = torch.randn(n, HQ, D).bfloat16()
+    k, v = torch.randn(n, HKV, D).bfloat16(), torch.randn(n, HKV, D).bfloat16()
+    qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    scale = D**-0.5
+    sdpa_ms = best_ms(
+        lambda: F.scaled_dot_product_attention(
+            qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
+        ),
+        repeats,
+    )
+    blocked_ms = best_ms(lambda: causal_attention(q, k, v, scale), repeats)
+    return {"sdpa_ms": sdpa_ms, "blocked_ms": blocked_ms, "ratio": sdpa_ms / blocked_ms}
 
 
 def argmax_case(rows: int, repeats: int) -> dict[str, float]:
@@ -142,15 +162,24 @@ def fused_cases(repeats: int) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--only", default="", help="comma-separated: decode,causal,argmax,...")
     args = parser.parse_args()
-    report: dict[str, object] = {"threads": torch.get_num_threads()}
-    report["decode_attention_per_layer"] = {
-        f"batch{b}_ctx{c}": decode_case(b, c, args.repeats) for b in (1, 8, 32) for c in (300, 1000)
+    cases: dict[str, Callable[[], object]] = {
+        "decode": lambda: {
+            f"batch{b}_ctx{c}": decode_case(b, c, args.repeats)
+            for b in (1, 8, 32)
+            for c in (300, 1000)
+        },
+        "causal": lambda: {f"tokens{n}": causal_case(n, args.repeats) for n in CAUSAL_LENGTHS},
+        "argmax": lambda: {f"rows{r}": argmax_case(r, args.repeats) for r in (1, 8, 32)},
+        "mask": lambda: {f"rows{r}": token_mask_case(r, args.repeats) for r in (1, 16, 32)},
+        "fused": lambda: fused_cases(args.repeats),
+        "head": lambda: head_cases([1, 2, 4, 8, 16, 32, 64, 128], max(5, args.repeats // 3)),
     }
-    report["greedy_argmax"] = {f"rows{r}": argmax_case(r, args.repeats) for r in (1, 8, 32)}
-    report["grammar_mask"] = {f"rows{r}": token_mask_case(r, args.repeats) for r in (1, 16, 32)}
-    report["fused_elementwise"] = fused_cases(args.repeats)
-    report["greedy_head"] = head_cases([1, 2, 4, 8, 16, 32, 64, 128], max(5, args.repeats // 3))
+    only = args.only.split(",") if args.only else list(cases)
+    report: dict[str, object] = {"threads": torch.get_num_threads()}
+    for name in only:
+        report[name] = cases[name]()
     print(json.dumps(report, indent=1))
 
 

@@ -6,7 +6,9 @@ tokens live in the blocks of its block table. Each step, new K/V go to their slo
 * all single-token queries (decodes) attend in one call: on the CPU through a kernel that reads
   the blocks in place (kernels/paged_decode.py), elsewhere by SDPA over their gathered blocks,
   masked by context length (and window);
-* each multi-token chunk (prefill) attends on its own with `scaled_dot_product_attention`.
+* each multi-token chunk (prefill) attends on its own: a chunk that starts its sequence in
+  bf16 on the CPU through blocked matmuls (causal_attention.py), others with
+  `scaled_dot_product_attention`.
 
 `AttentionMetadata` is built once per step (see `engine/step_inputs.py`) and shared by layers.
 """
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from headrace.kernels.paged_decode import paged_decode
+from headrace.layers.causal_attention import causal_attention, use_blocked
 
 Window = int | None  # None: full attention
 
@@ -126,6 +129,8 @@ def _prefill(
     """q [n, Hq, D] of one sequence -> [n, Hq, D]."""
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
     gqa = q.shape[1] != k.shape[1]
+    if view is None and use_blocked(q):
+        return causal_attention(q, k, v, scale)
     if view is None:  # the chunk starts the sequence and fits its window: plain causal
         kh, vh = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=gqa)
