@@ -64,9 +64,9 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_batched_tokens: int = _f(512, "token budget of one model step")
+    max_num_batched_tokens: int = _f(2048, "token budget of one model step")
     burst_batched_tokens: int | None = _f(
-        None, "token budget a step grows to while prompts back up (default 4x the above)"
+        None, "token budget a step grows to while prompts back up (default: no growth)"
     )
     max_num_seqs: int = _f(64, "most requests running at once")
     num_speculative_tokens: int = _f(

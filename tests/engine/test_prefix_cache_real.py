@@ -114,7 +114,7 @@ def test_after_preemption_and_with_chunked_prefill(tiny) -> None:
     system = [1] + _words(5, 15)
     wave = {f"p{i}": system + _words(30 + i, 6) for i in range(5)}
     # 16 blocks of 4 for five requests of 22 + 12 tokens: preemption is certain.
-    config = SchedulerConfig(max_num_batched_tokens=7)
+    config = SchedulerConfig(max_num_batched_tokens=7, burst_batched_tokens=28)
     cold_core = EngineCore(config, Pool(runner, 16))  # type: ignore[arg-type]
     cold = _run(cold_core, [{"seed": system + [3]}, wave])
     core = EngineCore(config, Pool(runner, 16), enable_prefix_caching=True)  # type: ignore[arg-type]

@@ -37,9 +37,12 @@ def test_burst_equal_to_base_turns_growth_off() -> None:
     assert StepBudget(512, 100).burst == 512  # a burst below the base is the base
 
 
-def test_config_defaults_to_four_times_the_base_and_refuses_nonsense() -> None:
+def test_config_defaults_to_no_growth_and_refuses_nonsense() -> None:
+    assert SchedulerConfig().max_num_batched_tokens == 2048
     core = FakeCore(max_num_batched_tokens=16)
-    assert (core.core.scheduler.budget.base, core.core.scheduler.budget.burst) == (16, 64)
+    assert (core.core.scheduler.budget.base, core.core.scheduler.budget.burst) == (16, 16)
+    grows = FakeCore(max_num_batched_tokens=16, burst_batched_tokens=64)
+    assert grows.core.scheduler.budget.burst == 64
     with pytest.raises(ValueError, match="burst_batched_tokens"):
         SchedulerConfig(burst_batched_tokens=0)
 

@@ -23,7 +23,7 @@ from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOut
 from headrace.engine.preemption import victims_to_admit
 from headrace.engine.request_report import expired_status, request_output
 from headrace.engine.speculation import accept, drafts_for
-from headrace.engine.step_budget import BURST_FACTOR, StepBudget
+from headrace.engine.step_budget import StepBudget
 from headrace.engine.step_plan import known_tokens, prompt_tokens, scheduled_request
 from headrace.engine.step_stats import collect_stats
 from headrace.engine.stop_checker import append_until_stop
@@ -59,7 +59,7 @@ class Scheduler:
         self.clock = clock
         self.admission = make_admission(config)
         base = config.max_num_batched_tokens
-        self.budget = StepBudget(base, config.burst_batched_tokens or BURST_FACTOR * base)
+        self.budget = StepBudget(base, config.burst_batched_tokens or base)
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.running: list[Request] = []  # in rank order: priority, then arrival
         self.num_preemptions_total = 0

@@ -5,9 +5,11 @@ tokens while prompts are computed beside them. When prompts back up (a burst of 
 server just started under load), small steps make each waiting prompt also wait for every
 step's fixed costs — the running decodes' attention and head, the per-step overhead — about a
 fifth of a 512-token step at 32 streams here. So while the backlog exceeds the budget, the
-budget doubles each step, up to `burst_batched_tokens` (default 4x): the first prompts of a
-burst still get their first token after a small step, and the rest clear in fewer, larger
-ones. It falls back to `max_num_batched_tokens` once one step's budget covers all that is left.
+budget may double each step, up to `burst_batched_tokens`: the first prompts of a burst still
+get their first token after a small step, and the rest clear in fewer, larger ones. It falls
+back to `max_num_batched_tokens` once one step's budget covers all that is left. By default
+there is no growth: the default budget, 2,048 tokens, is a burst-sized step already
+(docs/engine.md has the measurements).
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from headrace.request import Request
-
-BURST_FACTOR = 4  # the default burst budget, in max_num_batched_tokens
 
 
 def demand(running: Iterable[Request], waiting: Iterable[Request], cap: int) -> int:
