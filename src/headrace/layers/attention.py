@@ -127,10 +127,10 @@ def _prefill(
     scale: float,
 ) -> torch.Tensor:
     """q [n, Hq, D] of one sequence -> [n, Hq, D]."""
-    qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-    gqa = q.shape[1] != k.shape[1]
     if view is None and use_blocked(q):
         return causal_attention(q, k, v, scale)
+    qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+    gqa = q.shape[1] != k.shape[1]
     if view is None:  # the chunk starts the sequence and fits its window: plain causal
         kh, vh = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=gqa)
