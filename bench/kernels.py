@@ -12,6 +12,10 @@
   the 4 q + 1 k heads) and of a 32-row decode (rotary) vs torch;
 * causal attention of a chunk that starts its sequence (Hq 4, Hkv 1, D 256, bf16, one layer):
   blocked matmuls (layers/causal_attention.py) vs SDPA with is_causal, at 128-2,048 tokens;
+* int8 layer matmuls (kernels/int8_linear.py: per-row u8 activations x per-channel s8
+  weights, the quantization and row scaling included) vs packed bf16 oneDNN, on Gemma 3's four
+  layer shapes (qkv 640 -> 1,536, o 1,024 -> 640, gate_up 640 -> 4,096, down 2,048 -> 640)
+  at 1-2,048 rows; the ratio is bf16 time / int8 time;
 * the greedy head, [R, 640] hidden rows -> token ids over a 262144 x 640 bf16 head (random
   weights of Gemma's scale): the exact int8 head vs the bf16 oneDNN matmul + argmax kernel.
 
@@ -38,16 +42,19 @@ from headrace.engine.step_inputs import build_step_inputs
 from headrace.kernels import fused
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
+from headrace.kernels.int8_linear import Int8Linear
 from headrace.kernels.token_mask import _torch_mask, mask_tokens
 from headrace.layers.attention import _decode
 from headrace.layers.causal_attention import causal_attention
-from headrace.layers.linear import pack_weight, packed_linear
+from headrace.layers.linear import bucket_rows, pack_weight, packed_linear
 from headrace.layers.rotary import RotaryEmbedding
 from headrace.request import SamplingParams
 
 HQ, HKV, D, BS, VOCAB = 4, 1, 256, 16, 262144
 POOL_BLOCKS = 8192
 CAUSAL_LENGTHS = (128, 256, 384, 512, 1024, 2048)
+LAYER_SHAPES = {"qkv": (1536, 640), "o": (640, 1024), "gate_up": (4096, 640), "down": (640, 2048)}
+INT8_ROWS = (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -93,6 +100,22 @@ def causal_case(n: int, repeats: int) -> dict[str, float]:
     )
     blocked_ms = best_ms(lambda: causal_attention(q, k, v, scale), repeats)
     return {"sdpa_ms": sdpa_ms, "blocked_ms": blocked_ms, "ratio": sdpa_ms / blocked_ms}
+
+
+def int8_cases(repeats: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for name, (n_out, n_in) in LAYER_SHAPES.items():
+        weight = (torch.randn(n_out, n_in) * 0.05).bfloat16()
+        packed, int8 = pack_weight(weight), Int8Linear.build(weight)
+        if packed is None or int8 is None:
+            return {"unavailable": {}}
+        for r in INT8_ROWS:
+            x = torch.randn(r, n_in).bfloat16()
+            bf16_ms = best_ms(lambda x=x, p=packed: packed_linear(x, p, None), repeats)
+            int8_ms = best_ms(lambda x=x, r=r, q=int8: q(x, None, bucket_rows(r)), repeats)
+            out[f"{name}_rows{r}"] = {"bf16_ms": bf16_ms, "int8_ms": int8_ms,
+                                      "ratio": bf16_ms / int8_ms}  # fmt: skip
+    return out
 
 
 def argmax_case(rows: int, repeats: int) -> dict[str, float]:
@@ -174,6 +197,7 @@ def main() -> None:
         "argmax": lambda: {f"rows{r}": argmax_case(r, args.repeats) for r in (1, 8, 32)},
         "mask": lambda: {f"rows{r}": token_mask_case(r, args.repeats) for r in (1, 16, 32)},
         "fused": lambda: fused_cases(args.repeats),
+        "int8": lambda: int8_cases(args.repeats),
         "head": lambda: head_cases([1, 2, 4, 8, 16, 32, 64, 128], max(5, args.repeats // 3)),
     }
     only = args.only.split(",") if args.only else list(cases)

@@ -21,6 +21,11 @@ speculative decoding off (its default: on while at most 4 requests run, engine.m
 
     .venv/bin/python bench/quality_gate.py --dtypes float32-nospec,bfloat16-nospec,bfloat16 \
         --max-num-seqs 4      # greedy agreement with drafts checked in chunks vs one by one
+
+`-int8` / `-noint8` set `--int8-matmuls on` / `off` for that setting (default: `auto`).
+
+    .venv/bin/python bench/quality_gate.py --dtypes float32,bfloat16-noint8,bfloat16-int8 \
+        --max-num-seqs 4
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ def evaluate(dtype: str, args: argparse.Namespace, text: str, prompts: list[str]
             model=args.model,
             dtype=base,
             device="cpu",
+            int8_matmuls="off" if "noint8" in flags else "on" if "int8" in flags else "auto",
             max_model_len=args.window + 64,
         ),
         CacheConfig(num_kv_blocks=2048),

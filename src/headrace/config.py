@@ -25,6 +25,11 @@ class ModelConfig:
         "float32 | bfloat16 | float16 | auto (bf16 on CUDA and CPUs with native bf16, else fp32)",
     )
     device: str = _f("auto", "cpu | cuda | auto")
+    int8_matmuls: str = _f(
+        "auto",
+        "int8 layer matmuls (dynamic per-row activations) in steps of 32+ tokens: on | off | "
+        "auto (on for bf16 on CPUs with int8 dot products, VNNI or AMX; docs/performance.md)",
+    )
     max_model_len: int | None = _f(None, "cap on prompt + output tokens (default: model's)")
     num_threads: int | None = _f(None, "torch CPU threads (default: torch's choice)")
     engine_nice: int = _f(
@@ -36,6 +41,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {self.dtype!r}")
+        if self.int8_matmuls not in ("auto", "on", "off"):
+            raise ValueError(f"unknown int8_matmuls {self.int8_matmuls!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"unknown device {self.device!r}")
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from headrace.kernels import argmax, build, fused, int8_head, paged_decode
-from kernels import test_argmax, test_fused, test_int8_head, test_paged_decode
+from headrace.kernels import argmax, build, fused, int8_head, int8_linear, paged_decode
+from kernels import test_argmax, test_fused, test_int8_head, test_int8_linear, test_paged_decode
 
 # AVX2 only; AVX-512 without BF16 or VNNI; AVX-512 BF16 and VNNI without AMX
 MARCHES = ["x86-64-v3", "skylake-avx512", "cooperlake"]
@@ -31,7 +31,7 @@ def portable(
     monkeypatch.setenv("HEADRACE_CACHE", str(tmp_path))
     flags = [f"-march={request.param}" if f == "-march=native" else f for f in build.FLAGS]
     lib = build.load(compiler, [f for f in flags if not f.startswith("-mprefer")])
-    for module in (argmax, fused, int8_head, paged_decode):
+    for module in (argmax, fused, int8_head, int8_linear, paged_decode):
         monkeypatch.setattr(module, "cpu_kernels", lambda lib=lib: lib)
     yield request.param
 
@@ -58,3 +58,12 @@ def test_fused_portable(portable: str) -> None:
     test_fused.test_rms_norm_with_residual()
     test_fused.test_rope_equals_torch_bit_for_bit(3, 128, 64)
     test_fused.test_rope_equals_torch_bit_for_bit(2, 24, 24)
+
+
+def test_int8_linear_portable(portable: str) -> None:
+    if not int8_linear.int8_dot_cpu():
+        pytest.skip("no int8 dot products on this CPU: the int8 path is never taken")
+    test_int8_linear.test_quantize_rows_matches_torch(37, 100, 40)
+    test_int8_linear.test_quantize_zero_row_and_strided_input()
+    test_int8_linear.test_int8_linear_equals_its_quantized_operands_product(33)
+    test_int8_linear.test_bias_is_added()

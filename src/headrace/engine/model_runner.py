@@ -87,6 +87,10 @@ class ModelRunner:
         model_dir, name = resolve_model(model_config.model)
         cap = model_config.max_model_len or 1 << 40
         model, _ = load_model(model_dir, dtype, device, cap)
+        if model_config.int8_matmuls != "off":
+            quantized = model.quantize_matmuls()
+            if quantized == 0 and model_config.int8_matmuls == "on":
+                log.warning("--int8-matmuls on: unavailable here (bf16 on a CPU with VNNI/AMX)")
         self._setup(
             model,
             model_dir,

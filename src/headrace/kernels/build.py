@@ -1,5 +1,5 @@
-"""Compile `cpu_kernels.c` and `int8_head.c` with the machine's C compiler once, cache the
-library, load it.
+"""Compile `cpu_kernels.c`, `int8_head.c` and `int8_linear.c` with the machine's C compiler
+once, cache the library, load it.
 
 A plain C library through ctypes rather than a torch C++ extension: it builds in about 0.4 s
 (no torch headers), so the first start ever stays fast, and a later start loads it from the
@@ -27,7 +27,7 @@ import torch  # noqa: F401  (loaded first: the library then shares torch's OpenM
 from headrace.paths import cache_root
 
 log = logging.getLogger(__name__)
-SOURCES = [Path(__file__).with_name(n) for n in ("cpu_kernels.c", "int8_head.c")]
+SOURCES = [Path(__file__).with_name(n) for n in ("cpu_kernels.c", "int8_head.c", "int8_linear.c")]
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC"]
 I64, F32, PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -106,6 +106,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn = getattr(lib, name)
         fn.argtypes = []
         fn.restype = ctypes.c_int
+    lib.quantize_rows_u8.argtypes = [PTR, I64, I64, I64, I64, PTR, PTR]
+    lib.quantize_rows_u8.restype = None
+    lib.scale_rows_bf16.argtypes = [PTR, I64, I64, PTR, PTR]
+    lib.scale_rows_bf16.restype = None
     lib.act_mul_bf16.argtypes = [PTR, I64, I64, I64, ctypes.c_int, PTR]
     lib.act_mul_bf16.restype = None
     lib.rms_norm_bf16.argtypes = [PTR, I64, I64, I64, I64, PTR, I64, ctypes.c_int, F32, PTR, PTR]

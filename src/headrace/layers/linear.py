@@ -17,9 +17,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headrace.kernels.int8_linear import Int8Linear
+
 log = logging.getLogger(__name__)
 PACK_BATCH_HINT = 32  # oneDNN picks the layout for about this many rows; any count works
 _NO_BUCKET = bool(os.environ.get("HEADRACE_NO_BUCKET"))
+# From 32 rows up the int8 path beats packed bf16 on both quantized shapes (qkv 1.03x, gate_up
+# 1.52x at 32 rows; 1.4-1.9x from 64; `bench/kernels.py --only int8`). At 16 the two split
+# (qkv 0.82x, gate_up 1.27x), and below, bf16 wins (decode at low concurrency, memory-bound),
+# so small steps keep their bf16 products.
+INT8_MIN_ROWS = 32
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
@@ -81,6 +88,7 @@ class MergedLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(total, in_features))  # [sum(out), in]
         self.bias = nn.Parameter(torch.zeros(total)) if bias else None
         self.packed: torch.Tensor | None = None
+        self.int8: Int8Linear | None = None
 
     def shard_slice(self, index: int) -> slice:
         start = sum(self.out_sizes[:index])
@@ -90,7 +98,15 @@ class MergedLinear(nn.Module):
         """Repack for the CPU; the plain weight stays for export and inspection."""
         self.packed = pack_weight(self.weight)
 
+    def quantize(self) -> bool:
+        """Add an int8 copy for steps of INT8_MIN_ROWS rows or more; False where unavailable."""
+        self.int8 = Int8Linear.build(self.weight)
+        return self.int8 is not None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, sum(out)]
+        if self.int8 is not None and x.dim() == 2 and x.shape[0] >= INT8_MIN_ROWS:
+            rows = x.shape[0] if _NO_BUCKET else bucket_rows(x.shape[0])
+            return self.int8(x, self.bias, rows)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
