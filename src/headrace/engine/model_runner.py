@@ -89,7 +89,9 @@ class ModelRunner:
         model, _ = load_model(model_dir, dtype, device, cap)
         if model_config.int8_matmuls != "off":
             quantized = model.quantize_matmuls()
-            if quantized == 0 and model_config.int8_matmuls == "on":
+            if quantized:
+                log.info("int8 matmuls: %d projections, in steps of 32+ tokens", quantized)
+            elif model_config.int8_matmuls == "on":
                 log.warning("--int8-matmuls on: unavailable here (bf16 on a CPU with VNNI/AMX)")
         self._setup(
             model,
