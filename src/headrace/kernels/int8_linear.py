@@ -1,7 +1,7 @@
 """Int8 matmuls for prefill-sized bf16 steps on CPUs with int8 dot products (VNNI, AMX).
 
 On the AMD EPYC here (AVX-512 VNNI, no AMX) one VPDPBUSD does twice the multiply-adds of a bf16
-VDPBF16PS, and oneDNN's u8 x s8 matmul runs Gemma 3's layer shapes 1.7-2.0x faster than its
+VDPBF16PS, and oneDNN's u8 x s8 matmul runs Gemma 3's layer shapes 1.4-1.9x faster than its
 bf16 one from 64 rows up (`bench/kernels.py --only int8`).
 
 - Weights: symmetric int8 per output channel, s_w[o] = max_d |w[o][d]| / 127, packed once.
