@@ -28,6 +28,7 @@ from headrace.paths import cache_root
 
 log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name(n) for n in ("cpu_kernels.c", "int8_head.c", "int8_linear.c")]
+HEADERS = [Path(__file__).with_name("bf16.h")]  # included by the sources: part of the cache key
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC"]
 I64, F32, PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -61,7 +62,7 @@ def load(compiler: str, flags: list[str]) -> ctypes.CDLL:
 
 
 def _built(compiler: str, flags: list[str] = FLAGS) -> Path:
-    source = b"".join(p.read_bytes() for p in SOURCES)
+    source = b"".join(p.read_bytes() for p in [*SOURCES, *HEADERS])
     # -march=native: a cache shared by machines of other CPUs must not hand them this build
     ident = source + compiler.encode() + " ".join(flags).encode() + _cpu_flags().encode()
     key = hashlib.sha256(ident).hexdigest()[:16]

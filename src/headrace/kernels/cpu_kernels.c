@@ -12,23 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline float bf16_load(const uint16_t *p, int64_t i) {
-    uint32_t bits = (uint32_t)p[i] << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline void bf16_store(uint16_t *p, int64_t i, float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) { /* NaN stays a quiet NaN */
-        p[i] = (uint16_t)((bits >> 16) | 0x40u);
-        return;
-    }
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    p[i] = (uint16_t)(bits >> 16);
-}
+#include "bf16.h"
 
 static inline float f32_load(const float *p, int64_t i) { return p[i]; }
 static inline void f32_store(float *p, int64_t i, float f) { p[i] = f; }
@@ -37,10 +21,6 @@ static inline void f32_store(float *p, int64_t i, float f) { p[i] = f; }
 #ifdef __AVX512F__
 #include <immintrin.h>
 #define LANES 16
-static inline __m512 bf16_load16(const uint16_t *p) {
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
 static inline __m512 f32_load16(const float *p) { return _mm512_loadu_ps(p); }
 #endif
 

@@ -25,6 +25,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "bf16.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -35,13 +37,6 @@ typedef struct {
     int32_t *v;   /* candidates, ascending */
     float *upper; /* and their a_v + b_v */
 } cands_t;
-
-static inline float bf16_at(const uint16_t *p, int64_t i) {
-    uint32_t bits = (uint32_t)p[i] << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 static void keep(cands_t *c, int32_t v, float upper) {
     if (c->n == c->cap) { /* compact: drop those the running lower bound has since excluded */
@@ -261,7 +256,7 @@ static int64_t rescore(const float *xm, int64_t H, const uint16_t *w, cands_t *p
             const uint16_t *row = w + (int64_t)c->v[i] * H;
             float dot = 0.0f;
             _Pragma("omp simd reduction(+ : dot)")
-            for (int64_t d = 0; d < H; d++) dot += xm[d] * bf16_at(row, d);
+            for (int64_t d = 0; d < H; d++) dot += xm[d] * bf16_load(row, d);
             if (dot > best || (dot == best && c->v[i] < at)) {
                 best = dot;
                 at = c->v[i];

@@ -12,23 +12,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
-static inline float q8_bf16(const uint16_t *p, int64_t i) {
-    uint32_t bits = (uint32_t)p[i] << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-#ifdef __AVX512F__
-static inline __m512 q8_bf16x16(const uint16_t *p) {
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-#endif
+#include "bf16.h"
 
 void quantize_rows_u8(const uint16_t *x, int64_t T, int64_t D, int64_t stride, int64_t Tp,
                       uint8_t *q, float *s) {
@@ -45,10 +30,10 @@ void quantize_rows_u8(const uint16_t *x, int64_t T, int64_t D, int64_t stride, i
         int64_t d = 0;
 #ifdef __AVX512F__
         __m512 m = _mm512_setzero_ps();
-        for (; d + 16 <= D; d += 16) m = _mm512_max_ps(m, _mm512_abs_ps(q8_bf16x16(xt + d)));
+        for (; d + 16 <= D; d += 16) m = _mm512_max_ps(m, _mm512_abs_ps(bf16_load16(xt + d)));
         amax = _mm512_reduce_max_ps(m);
 #endif
-        for (; d < D; d++) amax = fmaxf(amax, fabsf(q8_bf16(xt, d)));
+        for (; d < D; d++) amax = fmaxf(amax, fabsf(bf16_load(xt, d)));
         s[t] = amax / 127.0f;
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         d = 0;
@@ -56,11 +41,11 @@ void quantize_rows_u8(const uint16_t *x, int64_t T, int64_t D, int64_t stride, i
         const __m512 vinv = _mm512_set1_ps(inv);
         const __m512i off = _mm512_set1_epi32(128);
         for (; d + 16 <= D; d += 16) {
-            const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(q8_bf16x16(xt + d), vinv));
+            const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(bf16_load16(xt + d), vinv));
             _mm_storeu_si128((__m128i *)(qt + d), _mm512_cvtusepi32_epi8(_mm512_add_epi32(r, off)));
         }
 #endif
-        for (; d < D; d++) qt[d] = (uint8_t)((int32_t)nearbyintf(q8_bf16(xt, d) * inv) + 128);
+        for (; d < D; d++) qt[d] = (uint8_t)((int32_t)nearbyintf(bf16_load(xt, d) * inv) + 128);
     }
 }
 
@@ -75,17 +60,13 @@ void scale_rows_bf16(uint16_t *y, int64_t T, int64_t O, const float *s, const ui
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
         const __m512 vs = _mm512_set1_ps(st);
         for (; o + 16 <= O; o += 16) {
-            __m512 v = _mm512_mul_ps(q8_bf16x16(yt + o), vs);
-            if (bias) v = _mm512_add_ps(v, q8_bf16x16(bias + o));
+            __m512 v = _mm512_mul_ps(bf16_load16(yt + o), vs);
+            if (bias) v = _mm512_add_ps(v, bf16_load16(bias + o));
             _mm256_storeu_si256((__m256i *)(yt + o), (__m256i)_mm512_cvtneps_pbh(v));
         }
 #endif
         for (; o < O; o++) {
-            float v = q8_bf16(yt, o) * st + (bias ? q8_bf16(bias, o) : 0.0f);
-            uint32_t bits;
-            memcpy(&bits, &v, 4);
-            bits += 0x7fffu + ((bits >> 16) & 1u); /* round to nearest even; finite values */
-            yt[o] = (uint16_t)(bits >> 16);
+            bf16_store(yt, o, bf16_load(yt, o) * st + (bias ? bf16_load(bias, o) : 0.0f));
         }
     }
 }

@@ -1,0 +1,38 @@
+/* bf16 as stored by torch (the top 16 bits of an IEEE float), shared by the C kernels.
+ * Loads widen exactly; stores round to nearest even, as torch does, and keep NaN a quiet NaN. */
+#ifndef HEADRACE_BF16_H
+#define HEADRACE_BF16_H
+
+#include <stdint.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+static inline float bf16_load(const uint16_t *p, int64_t i) {
+    uint32_t bits = (uint32_t)p[i] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline void bf16_store(uint16_t *p, int64_t i, float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) { /* NaN stays a quiet NaN */
+        p[i] = (uint16_t)((bits >> 16) | 0x40u);
+        return;
+    }
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    p[i] = (uint16_t)(bits >> 16);
+}
+
+#ifdef __AVX512F__
+/* 16 lanes of fp32 from 16 stored bf16 values. */
+static inline __m512 bf16_load16(const uint16_t *p) {
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+#endif
+
+#endif
