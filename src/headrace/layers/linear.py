@@ -67,10 +67,15 @@ def bucket_rows(rows: int) -> int:
     return -(-rows // grain) * grain
 
 
+def padded_rows(rows: int) -> int:
+    """The rows a oneDNN matmul of `rows` runs on: its bucket (HEADRACE_NO_BUCKET: itself)."""
+    return rows if _NO_BUCKET else bucket_rows(rows)
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [T, in] -> [T, out] through oneDNN, computed on `bucket_rows(T)` rows."""
     rows = x.shape[0]
-    padded = bucket_rows(rows) if x.dim() == 2 and not _NO_BUCKET else rows
+    padded = padded_rows(rows) if x.dim() == 2 else rows
     if padded != rows:
         x = F.pad(x, (0, 0, 0, padded - rows))
     y = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
@@ -105,8 +110,7 @@ class MergedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, sum(out)]
         if self.int8 is not None and x.dim() == 2 and x.shape[0] >= INT8_MIN_ROWS:
-            rows = x.shape[0] if _NO_BUCKET else bucket_rows(x.shape[0])
-            return self.int8(x, self.bias, rows)
+            return self.int8(x, self.bias, padded_rows(x.shape[0]))
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
