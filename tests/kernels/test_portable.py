@@ -10,8 +10,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from headrace.kernels import argmax, build, fused, int8_head, int8_linear, paged_decode
-from kernels import test_argmax, test_fused, test_int8_head, test_int8_linear, test_paged_decode
+from headrace.kernels import (
+    argmax,
+    build,
+    fused,
+    int8_head,
+    int8_linear,
+    int8_screen,
+    paged_decode,
+)
+from kernels import (
+    test_argmax,
+    test_fused,
+    test_int8_head,
+    test_int8_linear,
+    test_int8_screen,
+    test_paged_decode,
+)
 
 # AVX2 only; AVX-512 without BF16 or VNNI; AVX-512 BF16 and VNNI without AMX
 MARCHES = ["x86-64-v3", "skylake-avx512", "cooperlake"]
@@ -31,7 +46,7 @@ def portable(
     monkeypatch.setenv("HEADRACE_CACHE", str(tmp_path))
     flags = [f"-march={request.param}" if f == "-march=native" else f for f in build.FLAGS]
     lib = build.load(compiler, [f for f in flags if not f.startswith("-mprefer")])
-    for module in (argmax, fused, int8_head, int8_linear, paged_decode):
+    for module in (argmax, fused, int8_head, int8_linear, int8_screen, paged_decode):
         monkeypatch.setattr(module, "cpu_kernels", lambda lib=lib: lib)
     yield request.param
 
@@ -48,6 +63,7 @@ def test_argmax_and_head_portable(portable: str) -> None:
     for rows in (1, 3, 6, 17):
         for hidden in (96, 128):
             test_int8_head.test_random_head_every_row_count(rows, hidden)
+    test_int8_screen.test_one_limb_is_exact(5, 96)
 
 
 def test_fused_portable(portable: str) -> None:

@@ -13,12 +13,10 @@
  * Screening. Each row is quantized to two u8 limbs with one scale (quantize_rows): x is within
  * ex = sx / 508 of its quantized value an entry, and the int8 logit a_v comes from exact int32
  * sums (VPDPBUSD: u8 x s8). With |w - s q| <= s/2 per weight, |x . w_v - a_v| <= ex |w_v|_1 +
- * s_v / 2 (|x|_1 + H ex); the bound b_v takes 1.1 times that. One limb (ex = sx / 2) would make
- * the bound ten times looser and keep thousands of candidates on Gemma's heavy-tailed hidden
- * states. Every v whose a_v + b_v reaches max_u (a_u - b_u) is kept and rescored in fp32 from
- * the bf16 row: the true argmax is
- * among them. Candidates are kept per thread and row while the scan runs, filtered by the running
- * maximum lower bound, so no [M, V] scratch is written.
+ * s_v / 2 (|x|_1 + H ex); the bound b_v takes 1.1 times that. One limb (ex = sx / 2) alone
+ * would make the bound ten times looser and keep thousands of candidates on Gemma's
+ * heavy-tailed hidden states (int8_screen.c takes one limb with those channels apart). The
+ * candidates are kept and rescored as head_cands.h says: the true argmax is among them.
  */
 #include <math.h>
 #include <omp.h>
@@ -26,84 +24,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bf16.h"
+#include "head_cands.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
-typedef struct {
-    float lower;  /* running max of a_v - b_v */
-    int64_t n, cap;
-    int32_t *v;   /* candidates, ascending */
-    float *upper; /* and their a_v + b_v */
-} cands_t;
-
-static void keep(cands_t *c, int32_t v, float upper) {
-    if (c->n == c->cap) { /* compact: drop those the running lower bound has since excluded */
-        int64_t k = 0;
-        for (int64_t i = 0; i < c->n; i++)
-            if (c->upper[i] >= c->lower) {
-                c->v[k] = c->v[i];
-                c->upper[k++] = c->upper[i];
-            }
-        c->n = k;
-        if (k > c->cap / 2) { /* a flat distribution: many tokens within the bound, grow */
-            c->cap *= 2;
-            c->v = realloc(c->v, sizeof(int32_t) * (size_t)c->cap);
-            c->upper = realloc(c->upper, sizeof(float) * (size_t)c->cap);
-        }
-    }
-    c->v[c->n] = v;
-    c->upper[c->n++] = upper;
-}
-
-/* One 16-row group of a row's screened logits: update the lower bound, keep candidates.
- * ex = sx / 508 bounds each activation's error; the bound is 1.1 (ex |w_v|_1 + s_v / 2 (|x|_1 +
- * H ex)), plus 1e-6 |a_v| for the int32 -> fp32 conversion. */
+/* One 16-row group of a row's two-limb sums: the screened logits, then the shared screen.
+ * ex = sx / 508 bounds each activation's error. */
 static inline void screen16(cands_t *c, const int32_t *hi, const int32_t *lo, int64_t v0,
                             const float *s, const int32_t *qsum, const float *wl1, float sx,
                             float half_l1, int64_t H, int64_t V) {
-    const float ex = sx / 508.0f, xl1 = half_l1 + 0.5f * (float)H * ex;
-    if (v0 >= V) return; /* padding rows are never candidates */
-    const int n = V - v0 >= 16 ? 16 : (int)(V - v0);
+    const float ex = sx / 508.0f;
+    if (v0 >= V) return;
+    float a[16];
 #ifdef __AVX512F__
-    const __mmask16 valid = (__mmask16)((1u << n) - 1u);
     const __m512i off = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(qsum + v0)), 7);
     const __m512 q = _mm512_fmadd_ps(
         _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512((const void *)lo), off)),
         _mm512_set1_ps(1.0f / 254.0f),
         _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512((const void *)hi), off)));
-    const __m512 sv = _mm512_loadu_ps(s + v0);
-    const __m512 a = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sx), sv), q);
-    const __m512 b = _mm512_fmadd_ps(
-        _mm512_set1_ps(1e-6f), _mm512_abs_ps(a),
-        _mm512_mul_ps(_mm512_set1_ps(1.1f),
-                      _mm512_fmadd_ps(_mm512_set1_ps(ex), _mm512_loadu_ps(wl1 + v0),
-                                      _mm512_mul_ps(sv, _mm512_set1_ps(xl1)))));
-    const __m512 up = _mm512_add_ps(a, b);
-    const float low = _mm512_mask_reduce_max_ps(valid, _mm512_sub_ps(a, b));
-    if (low > c->lower) c->lower = low;
-    float upper[16];
-    _mm512_storeu_ps(upper, up);
-    uint32_t k = _mm512_mask_cmp_ps_mask(valid, up, _mm512_set1_ps(c->lower), _CMP_GE_OQ);
-    while (k) {
-        const int l = __builtin_ctz(k);
-        keep(c, (int32_t)(v0 + l), upper[l]);
-        k &= k - 1;
-    }
+    _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sx), _mm512_loadu_ps(s + v0)), q));
 #else
-    float a[16], b[16];
+    const int n = V - v0 >= 16 ? 16 : (int)(V - v0);
     for (int l = 0; l < n; l++) {
         const int64_t v = v0 + l;
         const float q = (float)(hi[l] - 128 * qsum[v]) + (float)(lo[l] - 128 * qsum[v]) / 254.0f;
         a[l] = sx * s[v] * q;
-        b[l] = 1.1f * (ex * wl1[v] + s[v] * xl1) + 1e-6f * fabsf(a[l]);
     }
-    for (int l = 0; l < n; l++)
-        if (a[l] - b[l] > c->lower) c->lower = a[l] - b[l];
-    for (int l = 0; l < n; l++)
-        if (a[l] + b[l] >= c->lower) keep(c, (int32_t)(v0 + l), a[l] + b[l]);
 #endif
+    screen_logits(c, a, v0, s, wl1, ex, half_l1 + 0.5f * (float)H * ex, V);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -119,8 +68,10 @@ int head_q8_vnni(void) { return 1; }
                 acc[0][g][m] = acc[1][g][m] = _mm512_setzero_si512();                        \
         for (int64_t d4 = 0; d4 < H4; d4++) {                                                \
             __m512i wv[4];                                                                   \
-            for (int g = 0; g < 4; g++)                                                      \
+            for (int g = 0; g < 4; g++) {                                                    \
                 wv[g] = _mm512_loadu_si512((const void *)(p + (g * H4 + d4) * 64));          \
+                __asm__("" : "+v"(wv[g])); /* in a register, not loaded by each VPDPBUSD */  \
+            }                                                                                \
             for (int m = 0; m < MB; m++) {                                                   \
                 int32_t q1, q2;                                                              \
                 memcpy(&q1, x1 + (m0 + m) * H + 4 * d4, 4);                                  \
@@ -240,32 +191,6 @@ static void quantize_rows(const float *x, int64_t M, int64_t H, uint8_t *x1, uin
     }
 }
 
-static int64_t rescore(const float *xm, int64_t H, const uint16_t *w, cands_t *per_thread,
-                       int threads, int64_t M, int64_t m) {
-    float lower = -INFINITY;
-    for (int t = 0; t < threads; t++) {
-        const cands_t *c = per_thread + t * M + m;
-        lower = c->lower > lower ? c->lower : lower;
-    }
-    float best = -INFINITY;
-    int64_t at = -1;
-    for (int t = 0; t < threads; t++) { /* threads hold ascending ranges: ties go to the lowest */
-        const cands_t *c = per_thread + t * M + m;
-        for (int64_t i = 0; i < c->n; i++) {
-            if (!(c->upper[i] >= lower)) continue;
-            const uint16_t *row = w + (int64_t)c->v[i] * H;
-            float dot = 0.0f;
-            _Pragma("omp simd reduction(+ : dot)")
-            for (int64_t d = 0; d < H; d++) dot += xm[d] * bf16_load(row, d);
-            if (dot > best || (dot == best && c->v[i] < at)) {
-                best = dot;
-                at = c->v[i];
-            }
-        }
-    }
-    return at;
-}
-
 typedef struct {
     const uint8_t *x1, *x2;
     const float *sx, *half_l1, *s, *wl1;
@@ -328,13 +253,7 @@ void head_argmax_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, 
     float *sx = malloc(sizeof(float) * (size_t)M), *half_l1 = malloc(sizeof(float) * (size_t)M);
     cands_t *per_thread = malloc(sizeof(cands_t) * (size_t)(threads * M));
     quantize_rows(x, M, H, x1, x2, sx, half_l1);
-    for (int64_t i = 0; i < threads * M; i++) {
-        per_thread[i].lower = -INFINITY;
-        per_thread[i].n = 0;
-        per_thread[i].cap = 1024;
-        per_thread[i].v = malloc(sizeof(int32_t) * 1024);
-        per_thread[i].upper = malloc(sizeof(float) * 1024);
-    }
+    for (int64_t i = 0; i < threads * M; i++) cands_init(per_thread + i, 0);
     const scan_t args = {x1, x2, sx, half_l1, s, wl1, qsum, packed, M, H, V16, V};
     /* Below 4 rows the tiles' fixed costs lose to VNNI (bench/kernels.py, greedy_head) */
     const int amx = M >= 4 && H % 64 == 0 && head_q8_amx();
@@ -350,10 +269,7 @@ void head_argmax_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, 
     (void)amx;
     _Pragma("omp parallel for schedule(static)")
     for (int64_t m = 0; m < M; m++) idx[m] = rescore(x + m * H, H, w, per_thread, threads, M, m);
-    for (int64_t i = 0; i < threads * M; i++) {
-        free(per_thread[i].v);
-        free(per_thread[i].upper);
-    }
+    for (int64_t i = 0; i < threads * M; i++) cands_free(per_thread + i);
     free(per_thread);
     free(half_l1);
     free(sx);

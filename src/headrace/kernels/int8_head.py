@@ -1,4 +1,5 @@
-"""The greedy pick from an int8 copy of the head, exact (the C kernel in int8_head.c).
+"""The greedy pick from an int8 copy of the head, exact (the C kernels in int8_head.c and
+int8_screen.c).
 
 The 262k x 640 head of Gemma 3 is memory-bound on the CPU: 335 MB of bf16 weights read per
 step, a third of a batch-32 decode step. The int8 copy is half the bytes, and with AVX-512 VNNI
@@ -8,12 +9,15 @@ error bound, could be the maximum is rescored in fp32 from the bf16 weights, so 
 picked is the argmax of the full-precision logits (a few dozen rescored rows of 262k in
 practice).
 
-The int8 sums run on AMX tiles where the CPU has them (4 rows and more), else on AVX-512 VNNI.
-Used for steps where every sampled request is greedy without logprobs and there are at most
-`max_rows` of them: 256 with AMX (2.2x faster than the bf16 matmul at 32 rows, 2.2x at 128),
-16 with VNNI alone (its break-even is near 24 rows); never without VNNI, where the portable
-dot products lose to the bf16 matmul (bench/kernels.py, greedy_head). Costs 1 byte per head
-weight of memory (168 MB for Gemma 3 270M).
+The int8 sums run on AMX tiles where the CPU has them (4 rows and more), else on AVX-512 VNNI,
+where from 5 rows one u8 limb with the outlier channels in fp32 (int8_screen.py) replaces the
+two limbs while the rows are not flat. Used for steps where every sampled request is greedy
+without logprobs and there are at most `max_rows` of them: 256 with AMX (2.2x faster than the
+bf16 matmul at 32 rows, 2.2x at 128), 64 with VNNI alone (on Gemma's hidden states at 16 rows:
+13 ms on text, 16-17 on random-token prompts, against 18.5-21 for the bf16 matmul; at 32 rows
+about even on random prompts); never without VNNI, where the portable dot products lose to
+the bf16 matmul (bench/kernels.py, greedy_head). Costs 1 byte per head weight of memory (168
+MB for Gemma 3 270M).
 
 Shapes: hidden [M, H] -> [M] int64 token ids.
 """
@@ -23,9 +27,10 @@ from __future__ import annotations
 import torch
 
 from headrace.kernels.build import cpu_kernels, switched_on
+from headrace.kernels.int8_screen import OneLimbScreen
 
 AMX_MAX_ROWS = 256
-VNNI_MAX_ROWS = 16
+VNNI_MAX_ROWS = 64
 _CHUNK = 16384  # rows quantized at a time: a bounded fp32 temporary
 
 
@@ -69,14 +74,27 @@ class Int8GreedyHead:
         self.max_rows = max_rows(self.hidden)
         # [V16/16, H/4, 16, 4]: 16 vocabulary rows by 4 hidden values, one VPDPBUSD operand
         self.packed = quant.view(-1, 16, self.hidden // 4, 4).transpose(1, 2).contiguous()
+        lib = cpu_kernels()
+        amx = lib is not None and self.hidden % 64 == 0 and lib.head_q8_amx()
+        self.one_limb = None if amx else OneLimbScreen(self.weight, self.v16)
 
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
-        lib = cpu_kernels()
-        assert lib is not None and hidden.shape[-1] <= self.hidden
+        assert hidden.shape[-1] <= self.hidden
         x = hidden.float()
         if x.shape[-1] != self.hidden:
             x = torch.nn.functional.pad(x, (0, self.hidden - x.shape[-1]))
         x = x.contiguous()
+        if self.one_limb is None or not self.one_limb.wanted(len(x)):
+            return self._two_limbs(x)
+        out = self.one_limb.argmax(x, self)
+        flat = (out < 0).nonzero().flatten()
+        if len(flat):  # rows whose candidates overflowed: two limbs keep far fewer
+            out[flat] = self._two_limbs(x[flat].contiguous())
+        return out
+
+    def _two_limbs(self, x: torch.Tensor) -> torch.Tensor:
+        lib = cpu_kernels()
+        assert lib is not None
         out = torch.empty(x.shape[0], dtype=torch.int64)
         lib.head_argmax_q8(
             x.data_ptr(),
