@@ -13,11 +13,11 @@ The int8 sums run on AMX tiles where the CPU has them (4 rows and more), else on
 where from 5 rows one u8 limb with the outlier channels in fp32 (int8_screen.py) replaces the
 two limbs while the rows are not flat. Used for steps where every sampled request is greedy
 without logprobs and there are at most `max_rows` of them: 256 with AMX (2.2x faster than the
-bf16 matmul at 32 rows, 2.2x at 128), 64 with VNNI alone (on Gemma's hidden states at 16 rows:
-13 ms on text, 16-17 on random-token prompts, against 18.5-21 for the bf16 matmul; at 32 rows
-about even on random prompts); never without VNNI, where the portable dot products lose to
-the bf16 matmul (bench/kernels.py, greedy_head). Costs 1 byte per head weight of memory (168
-MB for Gemma 3 270M).
+bf16 matmul at 32 rows, 2.2x at 128), 128 with VNNI alone (on Gemma's hidden states, against
+the bf16 matmul: 12.9 vs 18.6 ms at 16 rows on text, 16.7 vs 19.0 on random-token prompts,
+28.6 vs 34.5 at 32 rows, 73 vs 130 at 128; bench/greedy_head.py); never without VNNI, where
+the portable dot products lose to the bf16 matmul (bench/kernels.py, greedy_head). Costs 1
+byte per head weight of memory (168 MB for Gemma 3 270M), and 16 MB more without AMX.
 
 Shapes: hidden [M, H] -> [M] int64 token ids.
 """
@@ -30,7 +30,7 @@ from headrace.kernels.build import cpu_kernels, switched_on
 from headrace.kernels.int8_screen import OneLimbScreen
 
 AMX_MAX_ROWS = 256
-VNNI_MAX_ROWS = 64
+VNNI_MAX_ROWS = 128
 _CHUNK = 16384  # rows quantized at a time: a bounded fp32 temporary
 
 

@@ -32,6 +32,10 @@ PROBE_EVERY = 16
 class OneLimbScreen:
     def __init__(self, weight: torch.Tensor, v16: int) -> None:  # [V, H] bf16, H padded
         self.weight, self.v16 = weight, v16
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the outliers and the running mean, as a fresh server would have."""
         self.outliers: torch.Tensor | None = None  # [K] int32, chosen at the first call
         self.outlier_weights = torch.zeros(0)  # [V16/16, K, 16] fp32
         self.mean_candidates = 0.0  # running mean of candidates kept per row
