@@ -39,6 +39,18 @@ static inline void cands_free(cands_t *c) {
     free(c->upper);
 }
 
+/* max_d |x_d| and sum_d |x_d|: a row's quantization scale and its bound's |x|_1. */
+static inline void abs_max_sum(const float *x, int64_t H, float *amax, float *l1) {
+    float m = 0.0f, s = 0.0f;
+    for (int64_t d = 0; d < H; d++) {
+        const float a = fabsf(x[d]);
+        m = a > m ? a : m;
+        s += a;
+    }
+    *amax = m;
+    *l1 = s;
+}
+
 static inline void keep(cands_t *c, int32_t v, float upper) {
     if (c->overflow) return;
     if (c->n == c->cap) { /* compact: drop those the running lower bound has since excluded */

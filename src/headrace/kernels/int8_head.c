@@ -174,12 +174,8 @@ static void quantize_rows(const float *x, int64_t M, int64_t H, uint8_t *x1, uin
                           float *sx, float *half_l1) {
     for (int64_t m = 0; m < M; m++) {
         const float *xm = x + m * H;
-        float amax = 0.0f, l1 = 0.0f;
-        for (int64_t d = 0; d < H; d++) {
-            const float a = fabsf(xm[d]);
-            amax = a > amax ? a : amax;
-            l1 += a;
-        }
+        float amax, l1;
+        abs_max_sum(xm, H, &amax, &l1);
         const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
         for (int64_t d = 0; d < H; d++) {
             const float t = xm[d] / scale, hi = rintf(t);

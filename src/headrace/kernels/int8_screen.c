@@ -167,12 +167,8 @@ static void quantize1(const float *x, int64_t M, int64_t H, const int32_t *outl,
             ol1 += fabsf(xm[outl[k]]);
             rest[outl[k]] = 0.0f;
         }
-        float amax = 0.0f, l1 = 0.0f;
-        for (int64_t d = 0; d < H; d++) {
-            const float v = fabsf(rest[d]);
-            amax = v > amax ? v : amax;
-            l1 += v;
-        }
+        float amax, l1;
+        abs_max_sum(rest, H, &amax, &l1);
         const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
         for (int64_t d = 0; d < H; d++) xq[m * H + d] = (uint8_t)((int)rintf(rest[d] / scale) + 128);
         sx[m] = scale;
