@@ -101,6 +101,7 @@ def test_stop_signal_ends_streams_with_an_error_event_and_leaves_nothing(
     assert not [p for p in children if alive(p)], "engine processes left running"
     log = server.log()
     assert f"Headrace ready: model tiny on {server.url}" in log
+    assert "core INFO: runner ready: tiny" in log, "the core process logs its runner's choices"
 
 
 def test_engine_death_fails_streams_and_health(api_model_dir: Path, tmp_path: Path) -> None:

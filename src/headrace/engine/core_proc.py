@@ -47,6 +47,9 @@ def core_process_main(
         # Model steps can take every core; a refusal or /health must not wait behind them.
         os.nice(spec.model_config.engine_nice)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s core %(levelname)s: %(message)s")
+    # The runner's load-time choices (KV blocks, int8 projections): a few lines a start, and
+    # the only place a server's log says which kernels it took.
+    logging.getLogger("headrace.engine.model_runner").setLevel(logging.INFO)
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
     inbox.connect(in_addr)

@@ -20,6 +20,7 @@ from headrace.engine.structured import GrammarMasks
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_head import supported as int8_head_supported
+from headrace.kernels.int8_screen import MIN_ROWS
 from headrace.kernels.paged_decode import supported as paged_decode_supported
 from headrace.loader.cache import resolve_model
 from headrace.loader.files import read_json
@@ -295,4 +296,7 @@ def _int8_greedy_head(model: CausalLM) -> Int8GreedyHead | None:
     the logits, so the argmax needs no cap."""
     if model.lm_head is not None or not int8_head_supported(model.embed_weight):
         return None
-    return Int8GreedyHead(model.embed_weight)
+    head = Int8GreedyHead(model.embed_weight)
+    kind = "AMX, two limbs" if head.one_limb is None else f"VNNI, one limb from {MIN_ROWS} rows"
+    log.info("int8 greedy head ready (%s): greedy steps of up to %d rows", kind, head.max_rows)
+    return head
