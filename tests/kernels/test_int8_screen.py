@@ -36,12 +36,12 @@ def test_one_limb_is_exact(rows: int, hidden: int) -> None:
     w = (torch.randn(vocab, hidden, generator=gen) * 0.05).bfloat16()
     w[11] = 0
     head = Int8GreedyHead(w)
-    screen = OneLimbScreen(head.weight, head.v16)
+    screen = OneLimbScreen(head)
     screen.choose_outliers(heavy_tailed(8, hidden, gen).float(), k=8)
     assert screen.outliers is not None and set(PLANTED) <= set(screen.outliers.tolist())
     for trial in range(10):
         x = heavy_tailed(rows, hidden, gen, scale=1 + trial)
-        out = screen.argmax(x.float().contiguous(), head)
+        out = screen.argmax(x.float().contiguous())
         ref = full_precision_argmax(x, w)
         kept = out >= 0
         assert torch.equal(out[kept], ref[kept])
@@ -55,9 +55,9 @@ def test_no_outliers_and_a_poor_choice_stay_exact() -> None:
     head = Int8GreedyHead(w)
     x = heavy_tailed(6, 96, gen)
     for k, source in ((0, x), (4, torch.randn(2, 96, generator=gen))):  # k=4: not the planted
-        screen = OneLimbScreen(head.weight, head.v16)
+        screen = OneLimbScreen(head)
         screen.choose_outliers(source.float(), k=k)
-        out = screen.argmax(x.float().contiguous(), head)
+        out = screen.argmax(x.float().contiguous())
         ref = full_precision_argmax(x, w)
         assert torch.equal(out[out >= 0], ref[out >= 0])
 
@@ -73,15 +73,14 @@ def test_flat_rows_are_handed_back_and_rescreened(monkeypatch: pytest.MonkeyPatc
     head = Int8GreedyHead(w)
     x = heavy_tailed(MIN_ROWS + 3, 96, gen)
     assert head.one_limb is not None or pytest.skip("AMX: the head takes two limbs")
-    out = head.one_limb.argmax(x.float().contiguous(), head)
+    out = head.one_limb.argmax(x.float().contiguous())
     assert (out < 0).any()
     head.one_limb.mean_candidates = 0.0
     assert torch.equal(head.argmax(x), full_precision_argmax(x, w))
 
 
 def test_switches_to_two_limbs_while_rows_are_flat() -> None:
-    w = torch.zeros(640, 64, dtype=torch.bfloat16)
-    screen = OneLimbScreen(w, 640)
+    screen = OneLimbScreen(Int8GreedyHead(torch.zeros(640, 64, dtype=torch.bfloat16)))
     assert not screen.wanted(MIN_ROWS - 1)
     assert screen.wanted(MIN_ROWS)
     screen.mean_candidates = FLAT_CANDIDATES * 2

@@ -76,7 +76,7 @@ class Int8GreedyHead:
         self.packed = quant.view(-1, 16, self.hidden // 4, 4).transpose(1, 2).contiguous()
         lib = cpu_kernels()
         amx = lib is not None and self.hidden % 64 == 0 and lib.head_q8_amx()
-        self.one_limb = None if amx else OneLimbScreen(self.weight, self.v16)
+        self.one_limb = None if amx else OneLimbScreen(self)
 
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
         assert hidden.shape[-1] <= self.hidden
@@ -86,7 +86,7 @@ class Int8GreedyHead:
         x = x.contiguous()
         if self.one_limb is None or not self.one_limb.wanted(len(x)):
             return self._two_limbs(x)
-        out = self.one_limb.argmax(x, self)
+        out = self.one_limb.argmax(x)
         flat = (out < 0).nonzero().flatten()
         if len(flat):  # rows whose candidates overflowed: two limbs keep far fewer
             out[flat] = self._two_limbs(x[flat].contiguous())

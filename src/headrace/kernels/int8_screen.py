@@ -30,8 +30,8 @@ PROBE_EVERY = 16
 
 
 class OneLimbScreen:
-    def __init__(self, weight: torch.Tensor, v16: int) -> None:  # [V, H] bf16, H padded
-        self.weight, self.v16 = weight, v16
+    def __init__(self, head: HeadArrays) -> None:
+        self.head = head
         self.reset()
 
     def reset(self) -> None:
@@ -47,11 +47,12 @@ class OneLimbScreen:
         Gemma's hidden states keep their heavy channels from step to step and prompt to prompt,
         so the first step's rows choose them; a poor choice costs speed, never exactness.
         """
-        k = min(k, self.weight.shape[1])
+        h = self.head
+        k = min(k, h.weight.shape[1])
         chosen = x.abs().amax(dim=0).topk(k).indices.sort().values
-        cols = self.weight[:, chosen].float()  # [V, K]
-        cols = torch.nn.functional.pad(cols, (0, 0, 0, self.v16 - self.weight.shape[0]))
-        self.outlier_weights = cols.view(self.v16 // 16, 16, k).transpose(1, 2).contiguous()
+        cols = h.weight[:, chosen].float()  # [V, K]
+        cols = torch.nn.functional.pad(cols, (0, 0, 0, h.v16 - h.weight.shape[0]))
+        self.outlier_weights = cols.view(h.v16 // 16, 16, k).transpose(1, 2).contiguous()
         self.outliers = chosen.to(torch.int32)
 
     def wanted(self, rows: int) -> bool:
@@ -61,7 +62,8 @@ class OneLimbScreen:
         self.calls += 1
         return self.mean_candidates <= FLAT_CANDIDATES or self.calls % PROBE_EVERY == 0
 
-    def argmax(self, x: torch.Tensor, head: HeadArrays) -> torch.Tensor:
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        head = self.head
         if self.outliers is None:
             self.choose_outliers(x)
         assert self.outliers is not None
@@ -79,9 +81,9 @@ class OneLimbScreen:
             head.scales.data_ptr(),
             head.qsum.data_ptr(),
             head.l1.data_ptr(),
-            self.v16,
-            self.weight.data_ptr(),
-            self.weight.shape[0],
+            head.v16,
+            head.weight.data_ptr(),
+            head.weight.shape[0],
             CANDIDATE_LIMIT,
             out.data_ptr(),
         )
@@ -92,6 +94,8 @@ class OneLimbScreen:
 class HeadArrays(Protocol):
     """What the screen reads of the int8 head (Int8GreedyHead has them)."""
 
+    weight: torch.Tensor  # [V, H] bf16, H padded to whole quads
+    v16: int
     packed: torch.Tensor
     scales: torch.Tensor
     qsum: torch.Tensor
