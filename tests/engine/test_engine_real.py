@@ -1,5 +1,6 @@
-"""The engine on a real (tiny, random-weight) model: batching never changes a request's output,
-aborts free everything, preemption recomputes exactly, seeds reproduce, stop strings cut."""
+"""The engine on a real (tiny, random-weight) model, on the CPU and on CUDA: batching never
+changes a request's output, aborts free everything, preemption recomputes exactly, seeds
+reproduce, stop strings cut."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import random
 from dataclasses import dataclass
 
 import pytest
+from factories import DEVICES
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.engine_core import EngineCore
@@ -17,12 +19,12 @@ from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import FinishReason, SamplingParams
 
 
-@pytest.fixture(scope="module")
-def runner(tiny_model_dir):
+@pytest.fixture(scope="module", params=DEVICES)
+def runner(tiny_model_dir, request):
     from headrace.engine.model_runner import ModelRunner
 
     return ModelRunner(
-        ModelConfig(model=str(tiny_model_dir), dtype="float32", device="cpu"),
+        ModelConfig(model=str(tiny_model_dir), dtype="float32", device=request.param),
         CacheConfig(block_size=16, num_kv_blocks=128),
     )
 

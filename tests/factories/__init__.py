@@ -2,6 +2,7 @@
 
 - `factories.models`: tiny random-weight checkpoints of every family (`make_tiny`,
   `make_tiny_llama`) and transformers' greedy reference (`hf_greedy`).
+- `factories.devices`: `DEVICES` (cpu, and cuda where a GPU is present) for real-model tests.
 - `factories.gguf`: the same models written as GGUF files.
 - `factories.tokenizers`: small trained tokenizers of each style, `chat_tokenizer()`.
 - `factories.engine`: the fake runner, schedulers, requests and `FakeCore` for engine tests.
@@ -11,6 +12,7 @@
 The stand-in `EngineClient`s for in-process tests are in `fake_engine.py`.
 """
 
+from factories.devices import DEVICES, NO_CUDA
 from factories.engine import (
     FAKE_EOS,
     FAKE_VOCAB,
@@ -61,7 +63,8 @@ from factories.tokenizers import (
 )
 
 __all__ = [
-    "ARCHS", "CHAT_TEMPLATE", "FAKE_EOS", "FAKE_VOCAB", "GGUF_GEMMA3", "MAX_MODEL_LEN", "VOCAB",
+    "ARCHS", "CHAT_TEMPLATE", "DEVICES", "FAKE_EOS", "FAKE_VOCAB", "GGUF_GEMMA3", "MAX_MODEL_LEN",
+    "NO_CUDA", "VOCAB",
     "FakeCore", "FakeRunner", "Server", "TokenizerAdapter", "chat_tokenizer", "fake_next_token",
     "fake_reference", "free_port", "hf_config", "hf_greedy", "make_byte_level_tokenizer",
     "make_chat_tokenizer", "make_prompt", "make_request", "make_scheduler",

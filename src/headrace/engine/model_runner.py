@@ -156,8 +156,10 @@ class ModelRunner:
         self._greedy_head = self._head_pool.submit(_int8_greedy_head, model)
         self._head_pool.shutdown(wait=False)
         log.info(
-            "runner ready: %s, %d KV blocks of %d tokens (%.2f GiB), max_model_len %d",
+            "runner ready: %s on %s in %s, %d KV blocks of %d tokens (%.2f GiB), max_model_len %d",
             model_name,
+            self.device,
+            str(self.dtype).removeprefix("torch."),
             self.num_kv_blocks,
             self.block_size,
             self.kv_cache.nbytes / (1 << 30),
