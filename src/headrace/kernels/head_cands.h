@@ -39,6 +39,18 @@ static inline void cands_free(cands_t *c) {
     free(c->upper);
 }
 
+/* The screens walk the vocabulary a block of 4 groups (64 rows) at a time and pass over a
+ * block once per few hidden rows, from L2 after the first pass: the memory then sits idle
+ * unless the next block is fetched meanwhile. Pass j of a block's `passes` prefetches the
+ * next block's groups g with g % min(passes, 4) == j (all 4 in one pass issue more misses
+ * than a core keeps in flight). 16 rows, one limb: 12.3 -> 9.3 ms. */
+static inline unsigned prefetch_mask(int64_t pass, int64_t passes) {
+    const int64_t spread = passes < 4 ? passes : 4;
+    unsigned mask = 0;
+    for (int64_t g = pass; pass < 4 && g < 4; g += spread) mask |= 1u << g;
+    return mask;
+}
+
 /* max_d |x_d| and sum_d |x_d|: a row's quantization scale and its bound's |x|_1. */
 static inline void abs_max_sum(const float *x, int64_t H, float *amax, float *l1) {
     float m = 0.0f, s = 0.0f;

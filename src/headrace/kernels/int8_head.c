@@ -60,7 +60,8 @@ int head_q8_vnni(void) { return 1; }
 /* Both limbs' sums over 4 groups (64 vocabulary rows) and MB rows: 8 * MB independent chains. */
 #define DEFINE_DOTS(NAME, MB)                                                                 \
     static inline void NAME(const uint8_t *x1, const uint8_t *x2, int64_t H, const int8_t *p, \
-                            int64_t m0, int32_t out[2][4][MB][16]) {                         \
+                            int64_t m0, int32_t out[2][4][MB][16], const int8_t *pf,          \
+                            unsigned pfmask) {                                               \
         const int64_t H4 = H / 4;                                                            \
         __m512i acc[2][4][MB];                                                               \
         for (int g = 0; g < 4; g++)                                                          \
@@ -69,6 +70,8 @@ int head_q8_vnni(void) { return 1; }
         for (int64_t d4 = 0; d4 < H4; d4++) {                                                \
             __m512i wv[4];                                                                   \
             for (int g = 0; g < 4; g++) {                                                    \
+                if (pfmask >> g & 1)                                                         \
+                    _mm_prefetch((const char *)(pf + (g * H4 + d4) * 64), _MM_HINT_T1);       \
                 wv[g] = _mm512_loadu_si512((const void *)(p + (g * H4 + d4) * 64));          \
                 __asm__("" : "+v"(wv[g])); /* in a register, not loaded by each VPDPBUSD */  \
             }                                                                                \
@@ -92,8 +95,11 @@ int head_q8_vnni(void) { return 1; }
 int head_q8_vnni(void) { return 0; }
 #define DEFINE_DOTS(NAME, MB)                                                                 \
     static inline void NAME(const uint8_t *x1, const uint8_t *x2, int64_t H, const int8_t *p, \
-                            int64_t m0, int32_t out[2][4][MB][16]) {                         \
+                            int64_t m0, int32_t out[2][4][MB][16], const int8_t *pf,          \
+                            unsigned pfmask) {                                               \
         const int64_t H4 = H / 4;                                                            \
+        (void)pf;                                                                            \
+        (void)pfmask;                                                                        \
         for (int k = 0; k < 2; k++)                                                          \
             for (int g = 0; g < 4; g++)                                                      \
                 for (int m = 0; m < MB; m++)                                                 \
@@ -198,13 +204,15 @@ typedef struct {
 /* This thread's share of the vocabulary (omp for: ascending, contiguous per thread). */
 static void scan_vector(const scan_t *a, cands_t *mine) {
     const int64_t H4 = a->H / 4, M = a->M;
+    const int64_t groups = a->V16 / 16, passes = M / 2 + M % 2; /* next is fetched meanwhile */
     _Pragma("omp for schedule(static)")
-    for (int64_t grp = 0; grp < a->V16 / 16; grp += 4) {
+    for (int64_t grp = 0; grp < groups; grp += 4) {
         const int8_t *p = a->packed + grp * H4 * 64;
-        int64_t m0 = 0;
+        const int8_t *next = grp + 4 < groups ? p + 4 * H4 * 64 : NULL;
+        int64_t m0 = 0, pass = 0;
         for (; m0 + 2 <= M; m0 += 2) {
             int32_t acc[2][4][2][16];
-            dots_m2(a->x1, a->x2, a->H, p, m0, acc);
+            dots_m2(a->x1, a->x2, a->H, p, m0, acc, next, next ? prefetch_mask(pass++, passes) : 0u);
             for (int g = 0; g < 4; g++)
                 for (int m = 0; m < 2; m++)
                     screen16(mine + m0 + m, acc[0][g][m], acc[1][g][m], (grp + g) * 16, a->s,
@@ -212,7 +220,7 @@ static void scan_vector(const scan_t *a, cands_t *mine) {
         }
         for (; m0 < M; m0++) {
             int32_t acc[2][4][1][16];
-            dots_m1(a->x1, a->x2, a->H, p, m0, acc);
+            dots_m1(a->x1, a->x2, a->H, p, m0, acc, next, next ? prefetch_mask(pass++, passes) : 0u);
             for (int g = 0; g < 4; g++)
                 screen16(mine + m0, acc[0][g][0], acc[1][g][0], (grp + g) * 16, a->s, a->qsum,
                          a->wl1, a->sx[m0], a->half_l1[m0], a->H, a->V);

@@ -42,7 +42,7 @@
 /* One limb's sums over 4 groups (64 vocabulary rows) and MB rows: 4 * MB independent chains. */
 #define DEFINE_DOTS1(NAME, MB)                                                                 \
     static inline void NAME(const uint8_t *xq, int64_t H, const int8_t *p, int64_t m0,          \
-                            int32_t out[4][MB][16]) {                                          \
+                            int32_t out[4][MB][16], const int8_t *pf, unsigned pfmask) {       \
         const int64_t H4 = H / 4;                                                              \
         __m512i acc[4][MB];                                                                    \
         for (int g = 0; g < 4; g++)                                                            \
@@ -50,6 +50,8 @@
         for (int64_t d4 = 0; d4 < H4; d4++) {                                                  \
             __m512i wv[4];                                                                     \
             for (int g = 0; g < 4; g++) {                                                      \
+                if (pfmask >> g & 1)                                                           \
+                    _mm_prefetch((const char *)(pf + (g * H4 + d4) * 64), _MM_HINT_T1);         \
                 wv[g] = _mm512_loadu_si512((const void *)(p + (g * H4 + d4) * 64));            \
                 /* in a register: folded into each VPDPBUSD it is loaded MB times */            \
                 __asm__("" : "+v"(wv[g]));                                                     \
@@ -67,8 +69,10 @@
 #else
 #define DEFINE_DOTS1(NAME, MB)                                                                 \
     static inline void NAME(const uint8_t *xq, int64_t H, const int8_t *p, int64_t m0,          \
-                            int32_t out[4][MB][16]) {                                          \
+                            int32_t out[4][MB][16], const int8_t *pf, unsigned pfmask) {       \
         const int64_t H4 = H / 4;                                                              \
+        (void)pf;                                                                              \
+        (void)pfmask;                                                                          \
         for (int g = 0; g < 4; g++)                                                            \
             for (int m = 0; m < MB; m++)                                                       \
                 for (int l = 0; l < 16; l++) {                                                 \
@@ -114,14 +118,16 @@ static inline void logits16(const scan1_t *a, const int32_t *sum, int64_t v0, in
 }
 
 /* Screen the 64 vocabulary rows of group block grp for every row. */
-static void scan_block(const scan1_t *a, cands_t *mine, int64_t grp) {
+static void scan_block(const scan1_t *a, cands_t *mine, int64_t grp, const int8_t *next) {
     const int64_t H4 = a->H / 4, M = a->M;
     const int8_t *p = a->packed + grp * H4 * 64;
     float logits[16];
+    const int64_t passes = M / 4 + M % 4; /* over the rows: next is fetched meanwhile */
+    int64_t pass = 0;
     int64_t m0 = 0;
     for (; m0 + 4 <= M; m0 += 4) {
         int32_t acc[4][4][16];
-        dots1_m4(a->xq, a->H, p, m0, acc);
+        dots1_m4(a->xq, a->H, p, m0, acc, next, next ? prefetch_mask(pass++, passes) : 0u);
         for (int g = 0; g < 4; g++)
             for (int m = 0; m < 4; m++) {
                 const int64_t v0 = (grp + g) * 16;
@@ -132,7 +138,7 @@ static void scan_block(const scan1_t *a, cands_t *mine, int64_t grp) {
     }
     for (; m0 < M; m0++) {
         int32_t acc[4][1][16];
-        dots1_m1(a->xq, a->H, p, m0, acc);
+        dots1_m1(a->xq, a->H, p, m0, acc, next, next ? prefetch_mask(pass++, passes) : 0u);
         for (int g = 0; g < 4; g++) {
             const int64_t v0 = (grp + g) * 16;
             logits16(a, acc[g][0], v0, m0, logits);
@@ -148,10 +154,14 @@ static void scan_block(const scan1_t *a, cands_t *mine, int64_t grp) {
  * bounds alone, drops what it kept, then scans its share. */
 #define SAMPLE 64
 static void scan1(const scan1_t *a, cands_t *mine) {
-    for (int64_t grp = 0; grp < a->V16 / 16; grp += 4 * SAMPLE) scan_block(a, mine, grp);
+    const int64_t groups = a->V16 / 16, bytes = a->H / 4 * 64; /* a group's */
+    for (int64_t grp = 0; grp < groups; grp += 4 * SAMPLE) scan_block(a, mine, grp, NULL);
     for (int64_t m = 0; m < a->M; m++) mine[m].n = 0;
     _Pragma("omp for schedule(static)")
-    for (int64_t grp = 0; grp < a->V16 / 16; grp += 4) scan_block(a, mine, grp);
+    for (int64_t grp = 0; grp < groups; grp += 4) {
+        const int8_t *next = grp + 4 < groups ? a->packed + (grp + 4) * bytes : NULL;
+        scan_block(a, mine, grp, next);
+    }
 }
 
 /* Per row: the outlier channels' values apart, the rest on one u8 grid of scale sx. */

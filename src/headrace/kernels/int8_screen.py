@@ -24,8 +24,8 @@ from headrace.kernels.build import cpu_kernels
 
 OUTLIERS = 16  # channels taken out of the limb (Gemma 3 270M: 393, 3, 507, 50, 76, 585, ...)
 MIN_ROWS = 5  # below this, two limbs are as fast (the one-limb scan has fixed costs)
-CANDIDATE_LIMIT = 16384  # per thread and row: past it the row is handed back (-1)
-FLAT_CANDIDATES = 1000.0  # a row's mean candidates above which two limbs are faster here
+CANDIDATE_LIMIT = 32768  # per thread and row: past it the row is handed back (-1)
+FLAT_CANDIDATES = 6000.0  # a row's mean candidates above which two limbs are faster here
 PROBE_EVERY = 16
 
 
