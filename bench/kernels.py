@@ -16,6 +16,10 @@
   weights, the quantization and row scaling included) vs packed bf16 oneDNN, on Gemma 3's four
   layer shapes (qkv 640 -> 1,536, o 1,024 -> 640, gate_up 640 -> 4,096, down 2,048 -> 640)
   at 1-2,048 rows; the ratio is bf16 time / int8 time;
+* bf16 layer matmuls of decode-sized steps (kernels/bf16_linear.py) vs packed bf16 oneDNN, on
+  the four layer shapes at 1-96 rows, each through 18 weights in turn (a step's layers: the
+  weights come from memory, as in a real step, not from cache); ms per layer, the ratio is
+  oneDNN time / kernel time;
 * the greedy head, [R, 640] hidden rows -> token ids over a 262144 x 640 bf16 head (random
   weights of Gemma's scale): the exact int8 head vs the bf16 oneDNN matmul + argmax kernel.
 
@@ -39,7 +43,7 @@ import forward  # noqa: E402  (beside this script)
 
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.step_inputs import build_step_inputs
-from headrace.kernels import fused
+from headrace.kernels import bf16_linear, fused
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_linear import Int8Linear
@@ -55,6 +59,8 @@ POOL_BLOCKS = 8192
 CAUSAL_LENGTHS = (128, 256, 384, 512, 1024, 2048)
 LAYER_SHAPES = {"qkv": (1536, 640), "o": (640, 1024), "gate_up": (4096, 640), "down": (640, 2048)}
 INT8_ROWS = (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+BF16_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96)
+LAYERS = 18
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -115,6 +121,23 @@ def int8_cases(repeats: int) -> dict[str, dict[str, float]]:
             int8_ms = best_ms(lambda x=x, r=r, q=int8: q(x, None, bucket_rows(r)), repeats)
             out[f"{name}_rows{r}"] = {"bf16_ms": bf16_ms, "int8_ms": int8_ms,
                                       "ratio": bf16_ms / int8_ms}  # fmt: skip
+    return out
+
+
+def bf16_cases(repeats: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for name, (n_out, n_in) in LAYER_SHAPES.items():
+        weights = [(torch.randn(n_out, n_in) * 0.05).bfloat16() for _ in range(LAYERS)]
+        if not bf16_linear.supported(weights[0]):
+            return {"unavailable": {}}
+        onednn = [pack_weight(w) for w in weights]
+        small = [bf16_linear.pack(w) for w in weights]
+        for r in BF16_ROWS:
+            x = torch.randn(r, n_in).bfloat16()
+            a = best_ms(lambda x=x, ws=onednn: [packed_linear(x, p, None) for p in ws], repeats)
+            b = best_ms(lambda x=x, ws=small: [bf16_linear.linear(x, p, None) for p in ws], repeats)
+            out[f"{name}_rows{r}"] = {"onednn_ms": a / LAYERS, "kernel_ms": b / LAYERS,
+                                      "ratio": a / b}  # fmt: skip
     return out
 
 
@@ -198,6 +221,7 @@ def main() -> None:
         "mask": lambda: {f"rows{r}": token_mask_case(r, args.repeats) for r in (1, 16, 32)},
         "fused": lambda: fused_cases(args.repeats),
         "int8": lambda: int8_cases(args.repeats),
+        "bf16": lambda: bf16_cases(max(5, args.repeats // 3)),
         "head": lambda: head_cases([1, 2, 4, 8, 16, 32, 64, 128], max(5, args.repeats // 3)),
     }
     only = args.only.split(",") if args.only else list(cases)

@@ -34,7 +34,7 @@ import headrace.layers.norm as norm  # noqa: E402
 import headrace.models.base as base  # noqa: E402
 from headrace.config import CacheConfig, ModelConfig  # noqa: E402
 from headrace.engine.runner_harness import RunnerHarness  # noqa: E402
-from headrace.kernels import fused  # noqa: E402
+from headrace.kernels import bf16_linear, fused  # noqa: E402
 from headrace.kernels.int8_head import Int8GreedyHead  # noqa: E402
 from headrace.kernels.int8_linear import Int8Linear  # noqa: E402
 
@@ -54,6 +54,7 @@ def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def instrument() -> None:
     linear.packed_linear = timed("layer matmuls", linear.packed_linear)
+    bf16_linear.linear = timed("layer matmuls", bf16_linear.linear)
     Int8Linear.__call__ = timed("int8 layer matmuls", Int8Linear.__call__)  # type: ignore[method-assign]
     base.packed_linear = timed("head matmul", base.packed_linear)
     attention.paged_decode = timed("decode attention", attention.paged_decode)

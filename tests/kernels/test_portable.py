@@ -12,6 +12,7 @@ import torch
 
 from headrace.kernels import (
     argmax,
+    bf16_linear,
     build,
     fused,
     int8_head,
@@ -21,6 +22,7 @@ from headrace.kernels import (
 )
 from kernels import (
     test_argmax,
+    test_bf16_linear,
     test_fused,
     test_int8_head,
     test_int8_linear,
@@ -46,7 +48,7 @@ def portable(
     monkeypatch.setenv("HEADRACE_CACHE", str(tmp_path))
     flags = [f"-march={request.param}" if f == "-march=native" else f for f in build.FLAGS]
     lib = build.load(compiler, [f for f in flags if not f.startswith("-mprefer")])
-    for module in (argmax, fused, int8_head, int8_linear, int8_screen, paged_decode):
+    for module in (argmax, bf16_linear, fused, int8_head, int8_linear, int8_screen, paged_decode):
         monkeypatch.setattr(module, "cpu_kernels", lambda lib=lib: lib)
     yield request.param
 
@@ -83,3 +85,14 @@ def test_int8_linear_portable(portable: str) -> None:
     test_int8_linear.test_quantize_zero_row_and_strided_input()
     test_int8_linear.test_int8_linear_equals_its_quantized_operands_product(33)
     test_int8_linear.test_bias_is_added()
+
+
+def test_bf16_linear_portable(portable: str) -> None:
+    weight = torch.zeros(64, 2, dtype=torch.bfloat16)
+    if portable != "cooperlake":  # no AVX-512 BF16: the layers keep oneDNN
+        assert not bf16_linear.supported(weight)
+        return
+    assert bf16_linear.supported(weight)
+    for rows in (1, 6, 16):
+        test_bf16_linear.test_every_row_count_is_one_rounding_from_exact(rows)
+    test_bf16_linear.test_bias_strided_rows_and_odd_shapes()

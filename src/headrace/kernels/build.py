@@ -1,5 +1,5 @@
-"""Compile `cpu_kernels.c`, `int8_head.c`, `int8_screen.c` and `int8_linear.c` with the
-machine's C compiler once, cache the library, load it.
+"""Compile `cpu_kernels.c`, `int8_head.c`, `int8_screen.c`, `int8_linear.c` and `bf16_linear.c`
+with the machine's C compiler once, cache the library, load it.
 
 A plain C library through ctypes rather than a torch C++ extension: it builds in about 0.4 s
 (no torch headers), so the first start ever stays fast, and a later start loads it from the
@@ -27,7 +27,7 @@ import torch  # noqa: F401  (loaded first: the library then shares torch's OpenM
 from headrace.paths import cache_root
 
 log = logging.getLogger(__name__)
-NAMES = ("cpu_kernels.c", "int8_head.c", "int8_screen.c", "int8_linear.c")
+NAMES = ("cpu_kernels.c", "int8_head.c", "int8_screen.c", "int8_linear.c", "bf16_linear.c")
 SOURCES = [Path(__file__).with_name(n) for n in NAMES]
 # included by the sources: part of the cache key
 HEADERS = [Path(__file__).with_name(n) for n in ("bf16.h", "head_cands.h")]
@@ -108,7 +108,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.head_argmax_q8_outliers.argtypes = [PTR, I64, I64, PTR, I64, PTR, PTR, PTR, PTR, PTR]
     lib.head_argmax_q8_outliers.argtypes += [I64, PTR, I64, I64, PTR]
     lib.head_argmax_q8_outliers.restype = I64
-    for name in ("head_q8_vnni", "head_q8_amx"):
+    lib.linear_bf16.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR, PTR]
+    lib.linear_bf16.restype = None
+    for name in ("head_q8_vnni", "head_q8_amx", "linear_bf16_supported"):
         fn = getattr(lib, name)
         fn.argtypes = []
         fn.restype = ctypes.c_int

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headrace.kernels import bf16_linear
 from headrace.kernels.int8_linear import Int8Linear
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class MergedLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(total, in_features))  # [sum(out), in]
         self.bias = nn.Parameter(torch.zeros(total)) if bias else None
         self.packed: torch.Tensor | None = None
+        self.small: torch.Tensor | None = None  # bf16_linear's layout, for decode-sized steps
         self.int8: Int8Linear | None = None
 
     def shard_slice(self, index: int) -> slice:
@@ -102,6 +104,8 @@ class MergedLinear(nn.Module):
     def pack(self) -> None:
         """Repack for the CPU; the plain weight stays for export and inspection."""
         self.packed = pack_weight(self.weight)
+        if self.packed is not None and bf16_linear.supported(self.weight):
+            self.small = bf16_linear.pack(self.weight)
 
     def quantize(self) -> bool:
         """Add an int8 copy for steps of INT8_MIN_ROWS rows or more; False where unavailable."""
@@ -111,6 +115,12 @@ class MergedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, sum(out)]
         if self.int8 is not None and x.dim() == 2 and x.shape[0] >= INT8_MIN_ROWS:
             return self.int8(x, self.bias, padded_rows(x.shape[0]))
+        if (
+            self.small is not None
+            and x.dim() == 2
+            and bf16_linear.SMALL_MIN_ROWS <= x.shape[0] <= bf16_linear.SMALL_MAX_ROWS
+        ):
+            return bf16_linear.linear(x, self.small, self.bias)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
