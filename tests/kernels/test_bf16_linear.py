@@ -51,6 +51,19 @@ def test_bias_strided_rows_and_odd_shapes() -> None:
     assert_one_rounding(y, x, w, bias)
 
 
+@pytest.mark.parametrize("rows", [3, 16, 21])
+def test_rows_are_shared_where_blocks_are_fewer_than_threads(rows: int) -> None:
+    x, w = randn(rows, 256, seed=5), randn(128, 256, seed=6)  # 2 blocks of 64 channels
+    before = torch.get_num_threads()
+    torch.set_num_threads(8)
+    try:
+        y = bf16_linear.linear(x, bf16_linear.pack(w), None)
+    finally:
+        torch.set_num_threads(before)
+    assert_one_rounding(y, x, w)
+    assert torch.equal(y, bf16_linear.linear(x, bf16_linear.pack(w), None))  # same sums
+
+
 def test_unsupported_shapes_are_refused() -> None:
     assert not bf16_linear.supported(torch.zeros(48, 64, dtype=torch.bfloat16))  # N % 64
     assert not bf16_linear.supported(torch.zeros(64, 63, dtype=torch.bfloat16))  # K odd
