@@ -10,7 +10,8 @@
  * in turn (59% of the VDPBF16PS rate here, the memory idle while it multiplies). This walks the
  * outputs a block of 64 channels at a time, passes over the block once per 4 rows (from L2
  * after the first pass) and fetches the next block meanwhile (head_cands.h's prefetch_mask).
- * Threads take whole blocks (and share a block's rows only where blocks are fewer). Products are exact in fp32 (bf16 x bf16); only the order of
+ * Threads take whole blocks, one at a time as they free up (a thread preempted by the front
+ * end is not waited for), and share a block's rows only where blocks are fewer. Products are exact in fp32 (bf16 x bf16); only the order of
  * the sums differs from oneDNN's.
  */
 #include <omp.h>
@@ -94,7 +95,10 @@ void linear_bf16(const uint16_t *x, int64_t M, int64_t K, int64_t xs, const uint
     int64_t chunks = blocks >= threads ? 1 : (threads + blocks - 1) / blocks;
     if (chunks > (M + 3) / 4) chunks = (M + 3) / 4;
     const int64_t rows = ((M + chunks - 1) / chunks + 3) / 4 * 4;
-    _Pragma("omp parallel for schedule(static)")
+    /* a few consecutive tasks per grab, so that the block a thread prefetches is mostly the
+     * one it takes next */
+    const int64_t grab = blocks * chunks / (4 * threads) > 1 ? blocks * chunks / (4 * threads) : 1;
+    _Pragma("omp parallel for schedule(dynamic, grab)")
     for (int64_t task = 0; task < blocks * chunks; task++) {
         const int64_t blk = task / chunks, m0 = task % chunks * rows;
         const int64_t m1 = m0 + rows < M ? m0 + rows : M;

@@ -39,7 +39,11 @@ static inline void cands_free(cands_t *c) {
     free(c->upper);
 }
 
-/* The screens walk the vocabulary a block of 4 groups (64 rows) at a time and pass over a
+/* Chunks of the vocabulary go to threads dynamically: with as many OpenMP threads as cores, a
+ * thread preempted by another process (the HTTP front end, a client) would otherwise hold up
+ * the step at the barrier while its partner waits with nothing to do.
+ *
+ * The screens walk the vocabulary a block of 4 groups (64 rows) at a time and pass over a
  * block once per few hidden rows, from L2 after the first pass: the memory then sits idle
  * unless the next block is fetched meanwhile. Pass j of a block's `passes` prefetches the
  * next block's groups g with g % min(passes, 4) == j (all 4 in one pass issue more misses
@@ -142,8 +146,8 @@ static inline float dot_bf16(const float *x, const uint16_t *row, int64_t H) {
     return dot;
 }
 
-/* Row m's argmax among its candidates (threads hold ascending ranges: ties go to the lowest
- * v), or -1 if a thread gave up on the row. */
+/* Row m's argmax among its candidates (ties go to the lowest v, in whatever order the threads
+ * took their chunks), or -1 if a thread gave up on the row. */
 static inline int64_t rescore(const float *xm, int64_t H, const uint16_t *w,
                               const cands_t *per_thread, int threads, int64_t M, int64_t m) {
     float lower = -INFINITY;

@@ -201,11 +201,11 @@ typedef struct {
     int64_t M, H, V16, V;
 } scan_t;
 
-/* This thread's share of the vocabulary (omp for: ascending, contiguous per thread). */
+/* This thread's chunks of the vocabulary (head_cands.h: taken dynamically, ascending per thread). */
 static void scan_vector(const scan_t *a, cands_t *mine) {
     const int64_t H4 = a->H / 4, M = a->M;
     const int64_t groups = a->V16 / 16, passes = M / 2 + M % 2; /* next is fetched meanwhile */
-    _Pragma("omp for schedule(static)")
+    _Pragma("omp for schedule(dynamic, 16)")
     for (int64_t grp = 0; grp < groups; grp += 4) {
         const int8_t *p = a->packed + grp * H4 * 64;
         const int8_t *next = grp + 4 < groups ? p + 4 * H4 * 64 : NULL;
@@ -271,7 +271,7 @@ void head_argmax_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, 
             scan_vector(&args, mine);
     }
     (void)amx;
-    _Pragma("omp parallel for schedule(static)")
+    _Pragma("omp parallel for schedule(dynamic)")
     for (int64_t m = 0; m < M; m++) idx[m] = rescore(x + m * H, H, w, per_thread, threads, M, m);
     for (int64_t i = 0; i < threads * M; i++) cands_free(per_thread + i);
     free(per_thread);

@@ -151,13 +151,13 @@ static void scan_block(const scan1_t *a, cands_t *mine, int64_t grp, const int8_
 /* A thread keeps what reaches its running lower bound, which starts low: on a flat
  * distribution the lists would swell (and give up on rows) before the scan meets the top. So
  * each thread first screens a sample of 1 in SAMPLE blocks from the whole vocabulary for the
- * bounds alone, drops what it kept, then scans its share. */
+ * bounds alone, drops what it kept, then takes chunks of the whole. */
 #define SAMPLE 64
 static void scan1(const scan1_t *a, cands_t *mine) {
     const int64_t groups = a->V16 / 16, bytes = a->H / 4 * 64; /* a group's */
     for (int64_t grp = 0; grp < groups; grp += 4 * SAMPLE) scan_block(a, mine, grp, NULL);
     for (int64_t m = 0; m < a->M; m++) mine[m].n = 0;
-    _Pragma("omp for schedule(static)")
+    _Pragma("omp for schedule(dynamic, 16)")
     for (int64_t grp = 0; grp < groups; grp += 4) {
         const int8_t *next = grp + 4 < groups ? a->packed + (grp + 4) * bytes : NULL;
         scan_block(a, mine, grp, next);
