@@ -88,3 +88,20 @@ def test_the_layer_takes_the_kernel_only_for_decode_sized_steps(monkeypatch) -> 
         x = randn(rows, 640, seed=rows)
         assert_one_rounding(layer(x), x, layer.weight.detach())
     assert calls == [SMALL_MIN_ROWS, SMALL_MAX_ROWS]  # larger steps keep oneDNN
+
+
+def test_an_int8_layer_drops_the_onednn_copy_it_no_longer_uses() -> None:
+    from headrace.kernels.int8_linear import int8_dot_cpu
+
+    if not int8_dot_cpu():
+        pytest.skip("no int8 dot products: the int8 copy is not built")
+    layer = MergedLinear(640, [256]).to(torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(randn(256, 640, seed=8))
+    layer.pack()
+    assert layer.packed is not None and layer.quantize()
+    assert layer.packed is None and layer.small is not None
+    for rows in (1, 16, 31, 32, 64, 65, 300):  # bf16_linear below 32 rows, int8 from 32
+        x = randn(rows, 640, seed=rows)
+        y = layer(x)
+        assert y.shape == (rows, 256) and torch.isfinite(y.float()).all()

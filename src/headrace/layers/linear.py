@@ -110,6 +110,8 @@ class MergedLinear(nn.Module):
     def quantize(self) -> bool:
         """Add an int8 copy for steps of INT8_MIN_ROWS rows or more; False where unavailable."""
         self.int8 = Int8Linear.build(self.weight)
+        if self.int8 is not None and self.small is not None:
+            self.packed = None  # every 2-D step now takes one of the two (Gemma 3 270M: 129 MB)
         return self.int8 is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, sum(out)]
