@@ -72,6 +72,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--streams", type=int, default=32, help="closed loop: concurrent streams")
     p.add_argument("--stream-tokens", type=int, default=64, help="closed loop: tokens each")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="prompt-lookup draft tokens (default: the engine's; 0 compares batching alone, "
+        "without speculation speeding up the single stream)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench/out/batching"))
     return p.parse_args()
 
@@ -166,9 +173,11 @@ def summarize(
     }
 
 
-def run_closed_loop(runner: Runner, streams: int, tokens: int, vocab: int) -> dict[str, Any]:
+def run_closed_loop(
+    runner: Runner, streams: int, tokens: int, vocab: int, spec: dict[str, int]
+) -> dict[str, Any]:
     """`streams` requests at once, each a 32-token prompt and exactly `tokens` new tokens."""
-    sched = SchedulerConfig(max_num_seqs=max(streams, 1), max_num_batched_tokens=2048)
+    sched = SchedulerConfig(max_num_seqs=max(streams, 1), max_num_batched_tokens=2048, **spec)
     core = EngineCore(sched, runner)
     rng = random.Random(streams)
     lo = min(1000, vocab // 2)
@@ -233,17 +242,27 @@ def main() -> None:
     warm = SchedulerConfig()
     run_open_loop(runner, warm, [Item(0.0, [min(1000, vocab // 2)] * 16, 4)])  # warm up
     items = make_workload(args, vocab)
+    spec = (
+        {}
+        if args.num_speculative_tokens is None
+        else {"num_speculative_tokens": args.num_speculative_tokens}
+    )
     policies = {
-        "one-at-a-time": SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=args.max_prompt),
+        "one-at-a-time": SchedulerConfig(
+            max_num_seqs=1, max_num_batched_tokens=args.max_prompt, **spec
+        ),
         "static": SchedulerConfig(
             policy="static",
             static_batch_size=args.static_batch,
             static_wait_ms=args.static_wait_ms,
             max_num_seqs=max(args.static_batch, 1),
             max_num_batched_tokens=args.max_num_batched_tokens,
+            **spec,
         ),
         "continuous": SchedulerConfig(
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            **spec,
         ),
     }
     result: dict[str, Any] = {
@@ -275,8 +294,8 @@ def main() -> None:
         runner, policies["continuous"], make_workload(light, vocab)
     )
     print("continuous, light load", json.dumps(result["light_load"]), flush=True)
-    one = run_closed_loop(runner, 1, args.stream_tokens, vocab)
-    many = run_closed_loop(runner, args.streams, args.stream_tokens, vocab)
+    one = run_closed_loop(runner, 1, args.stream_tokens, vocab, spec)
+    many = run_closed_loop(runner, args.streams, args.stream_tokens, vocab, spec)
     result["streams"] = {
         "one": one,
         "many": many,
