@@ -15,7 +15,7 @@ from headrace.engine.model_runner import ModelRunner
 from headrace.engine.runner_harness import greedy
 from headrace.loader.cache import COMPLETE, converted_dir
 from headrace.loader.errors import ModelLoadError
-from headrace.loader.gguf import hf_name, unpermute
+from headrace.loader.gguf import dequantize_f32, hf_name, open_gguf, unpermute
 from headrace.loader.hf import load_model
 from headrace.loader.tokenizer import load_tokenizer
 
@@ -24,6 +24,31 @@ def test_unpermute_inverts_llama_cpp_permute() -> None:
     w = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
     assert np.array_equal(unpermute(permute(w, 8), 8), w)
     assert not np.array_equal(permute(w, 8), w)
+
+
+def test_q8_0_dequantizes_exactly_as_gguf_does() -> None:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    gen = np.random.default_rng(0)
+    w = (gen.standard_normal((6, 96)) * np.logspace(-3, 2, 96)).astype(np.float32)
+    raw = quantize(w, GGMLQuantizationType.Q8_0)  # [6, 3 * 34] bytes
+    ours = dequantize_f32(raw, GGMLQuantizationType.Q8_0)
+    assert ours.dtype == np.float32 and ours.shape == (6, 96)
+    assert np.array_equal(ours, dequantize(raw, GGMLQuantizationType.Q8_0))
+    assert np.abs(ours - w).max() < np.abs(w).max() / 100  # it is w, quantized
+
+
+def test_the_reader_reads_fields_and_tensors_of_a_file(tmp_path: Path) -> None:
+    hf_model = make_tiny("llama", tmp_path / "hf")
+    write_tiny_gguf(hf_model, "llama", tmp_path / "m.gguf")
+    reader = open_gguf(tmp_path / "m.gguf")
+    assert str(reader.fields["general.architecture"].contents()) == "llama"
+    assert len(reader.fields["tokenizer.ggml.tokens"].contents()) == hf_model.config.vocab_size
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    values = dequantize_f32(np.asarray(embd.data), embd.tensor_type)
+    want = hf_model.model.embed_tokens.weight.detach().numpy()  # rounded like Q8_0 by the writer
+    assert np.array_equal(values, want)
 
 
 def test_names() -> None:

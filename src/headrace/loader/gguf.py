@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 
@@ -56,11 +56,21 @@ IGNORED = {"rope_freqs"}  # llama.cpp's precomputed llama3 factors; the config c
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)\.(weight|bias)$")
 
 
+class _Reader(GGUFReader):
+    """GGUFReader parsing from a plain ndarray view of its memmap: numpy's memmap hooks on each
+    of the ~3 million slices taken while reading a 262k-token vocabulary cost 14 of the 19 s
+    the embedded Gemma's metadata took (5 s now). Tensors stay views of the mapped file."""
+
+    def _build_fields(self, offs: int, count: int) -> int:
+        self.data = self.data.view(np.ndarray)
+        return super()._build_fields(offs, count)
+
+
 def open_gguf(path: Path) -> GGUFReader:
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such GGUF file")
     try:
-        return GGUFReader(str(path))
+        return _Reader(str(path))
     except Exception as e:  # the reader raises ValueError, struct errors, ...
         raise ModelLoadError(f"{path}: cannot read GGUF ({e}); truncated or not a GGUF?") from e
 
@@ -98,6 +108,22 @@ def convert_tensor(name: str, data: np.ndarray, arch: str, cfg: dict[str, Any]) 
     return data
 
 
+Q8_0_BLOCK = 34  # bytes: an fp16 scale, then 32 int8 values
+
+
+def dequantize_f32(raw: np.ndarray, kind: GGMLQuantizationType) -> np.ndarray:
+    """A tensor's values in float32. Q8_0 (the embedded Gemma's 262k x 640 embedding) in torch:
+    8 s through gguf's numpy path, 0.5 s here; the same products (fp16 scale x int8, each
+    exact in float32). Other types through gguf."""
+    if kind != GGMLQuantizationType.Q8_0:
+        return np.array(dequantize(raw, kind), dtype=np.float32)
+    rows = raw.shape[:-1]
+    blocks = torch.from_numpy(np.array(raw)).view(-1, Q8_0_BLOCK)  # a writable copy
+    scale = blocks[:, :2].contiguous().view(torch.float16).float()
+    values = blocks[:, 2:].contiguous().view(torch.int8).float() * scale
+    return values.view(*rows, -1).numpy()
+
+
 def convert_gguf(path: Path, out_dir: Path) -> None:
     """Write the HF directory for the GGUF at `path` into `out_dir` (which must exist)."""
     start = time.monotonic()
@@ -114,7 +140,7 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
         if name is None:
             continue
         try:
-            data = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)
+            data = dequantize_f32(np.asarray(t.data), t.tensor_type)
         except Exception as e:
             raise ModelLoadError(f"{path}: cannot dequantize tensor {t.name!r}: {e}") from e
         data = convert_tensor(name, data, arch, cfg)
