@@ -62,7 +62,7 @@ class _Reader(GGUFReader):
     the embedded Gemma's metadata took (5 s now). Tensors stay views of the mapped file."""
 
     def _build_fields(self, offs: int, count: int) -> int:
-        self.data = self.data.view(np.ndarray)
+        self.data = self.data.view(np.ndarray)  # type: ignore[assignment]  # same buffer
         return super()._build_fields(offs, count)
 
 
