@@ -10,9 +10,9 @@
  * in turn (59% of the VDPBF16PS rate here, the memory idle while it multiplies). This walks the
  * outputs a block of 64 channels at a time, passes over the block once per 4 rows (from L2
  * after the first pass) and fetches the next block meanwhile (head_cands.h's prefetch_mask).
- * Threads take whole blocks, one at a time as they free up (a thread preempted by the front
- * end is not waited for), and share a block's rows only where blocks are fewer. Products are exact in fp32 (bf16 x bf16); only the order of
- * the sums differs from oneDNN's.
+ * Threads take a few blocks at a time as they free up (a thread preempted by the front end is
+ * not waited for), and share a block's rows only where blocks are fewer. Products are exact in
+ * fp32 (bf16 x bf16); only the order of the sums differs from oneDNN's.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -34,12 +34,7 @@ int linear_bf16_supported(void) { return 1; }
             for (int m = 0; m < MB; m++) acc[g][m] = _mm512_setzero_ps();                      \
         for (int64_t k2 = 0; k2 < K2; k2++) {                                                  \
             __m512bh wv[4];                                                                    \
-            for (int g = 0; g < 4; g++) {                                                      \
-                if (pfmask >> g & 1)                                                           \
-                    _mm_prefetch((const char *)(pf + (g * K2 + k2) * 32), _MM_HINT_T1);        \
-                wv[g] = (__m512bh)_mm512_loadu_si512((const void *)(p + (g * K2 + k2) * 32)); \
-                __asm__("" : "+v"(wv[g])); /* in a register, not loaded by each product */     \
-            }                                                                                  \
+            for (int g = 0; g < 4; g++) wv[g] = (__m512bh)block_line(p, pf, pfmask, g, K2, k2); \
             for (int m = 0; m < MB; m++) {                                                     \
                 int32_t pair;                                                                  \
                 memcpy(&pair, x + (m0 + m) * xs + 2 * k2, 4);                                  \

@@ -55,6 +55,21 @@ static inline unsigned prefetch_mask(int64_t pass, int64_t passes) {
     return mask;
 }
 
+#ifdef __AVX512F__
+/* Line d of group g of a block (64 bytes at p + (g * lines + d) * 64), held in a register: GCC
+ * otherwise folds it into each dot-product instruction as a memory operand, one load per use,
+ * more than Zen 4's load ports feed. With bit g of pfmask set, the same line of the next block
+ * (at pf) is prefetched into L2. */
+static inline __m512i block_line(const void *p, const void *pf, unsigned pfmask, int g,
+                                 int64_t lines, int64_t d) {
+    const int64_t at = (g * lines + d) * 64;
+    if (pfmask >> g & 1) _mm_prefetch((const char *)pf + at, _MM_HINT_T1);
+    __m512i v = _mm512_loadu_si512((const void *)((const char *)p + at));
+    __asm__("" : "+v"(v));
+    return v;
+}
+#endif
+
 /* max_d |x_d| and sum_d |x_d|: a row's quantization scale and its bound's |x|_1. */
 static inline void abs_max_sum(const float *x, int64_t H, float *amax, float *l1) {
     float m = 0.0f, s = 0.0f;

@@ -69,12 +69,7 @@ int head_q8_vnni(void) { return 1; }
                 acc[0][g][m] = acc[1][g][m] = _mm512_setzero_si512();                        \
         for (int64_t d4 = 0; d4 < H4; d4++) {                                                \
             __m512i wv[4];                                                                   \
-            for (int g = 0; g < 4; g++) {                                                    \
-                if (pfmask >> g & 1)                                                         \
-                    _mm_prefetch((const char *)(pf + (g * H4 + d4) * 64), _MM_HINT_T1);       \
-                wv[g] = _mm512_loadu_si512((const void *)(p + (g * H4 + d4) * 64));          \
-                __asm__("" : "+v"(wv[g])); /* in a register, not loaded by each VPDPBUSD */  \
-            }                                                                                \
+            for (int g = 0; g < 4; g++) wv[g] = block_line(p, pf, pfmask, g, H4, d4);        \
             for (int m = 0; m < MB; m++) {                                                   \
                 int32_t q1, q2;                                                              \
                 memcpy(&q1, x1 + (m0 + m) * H + 4 * d4, 4);                                  \
@@ -201,7 +196,7 @@ typedef struct {
     int64_t M, H, V16, V;
 } scan_t;
 
-/* This thread's chunks of the vocabulary (head_cands.h: taken dynamically, ascending per thread). */
+/* This thread's chunks of the vocabulary (taken dynamically, ascending per thread). */
 static void scan_vector(const scan_t *a, cands_t *mine) {
     const int64_t H4 = a->H / 4, M = a->M;
     const int64_t groups = a->V16 / 16, passes = M / 2 + M % 2; /* next is fetched meanwhile */
@@ -212,7 +207,8 @@ static void scan_vector(const scan_t *a, cands_t *mine) {
         int64_t m0 = 0, pass = 0;
         for (; m0 + 2 <= M; m0 += 2) {
             int32_t acc[2][4][2][16];
-            dots_m2(a->x1, a->x2, a->H, p, m0, acc, next, next ? prefetch_mask(pass++, passes) : 0u);
+            const unsigned pf = next ? prefetch_mask(pass++, passes) : 0u;
+            dots_m2(a->x1, a->x2, a->H, p, m0, acc, next, pf);
             for (int g = 0; g < 4; g++)
                 for (int m = 0; m < 2; m++)
                     screen16(mine + m0 + m, acc[0][g][m], acc[1][g][m], (grp + g) * 16, a->s,
@@ -220,7 +216,8 @@ static void scan_vector(const scan_t *a, cands_t *mine) {
         }
         for (; m0 < M; m0++) {
             int32_t acc[2][4][1][16];
-            dots_m1(a->x1, a->x2, a->H, p, m0, acc, next, next ? prefetch_mask(pass++, passes) : 0u);
+            const unsigned pf = next ? prefetch_mask(pass++, passes) : 0u;
+            dots_m1(a->x1, a->x2, a->H, p, m0, acc, next, pf);
             for (int g = 0; g < 4; g++)
                 screen16(mine + m0, acc[0][g][0], acc[1][g][0], (grp + g) * 16, a->s, a->qsum,
                          a->wl1, a->sx[m0], a->half_l1[m0], a->H, a->V);

@@ -49,13 +49,7 @@
             for (int m = 0; m < MB; m++) acc[g][m] = _mm512_setzero_si512();                   \
         for (int64_t d4 = 0; d4 < H4; d4++) {                                                  \
             __m512i wv[4];                                                                     \
-            for (int g = 0; g < 4; g++) {                                                      \
-                if (pfmask >> g & 1)                                                           \
-                    _mm_prefetch((const char *)(pf + (g * H4 + d4) * 64), _MM_HINT_T1);         \
-                wv[g] = _mm512_loadu_si512((const void *)(p + (g * H4 + d4) * 64));            \
-                /* in a register: folded into each VPDPBUSD it is loaded MB times */            \
-                __asm__("" : "+v"(wv[g]));                                                     \
-            }                                                                                  \
+            for (int g = 0; g < 4; g++) wv[g] = block_line(p, pf, pfmask, g, H4, d4);          \
             for (int m = 0; m < MB; m++) {                                                     \
                 int32_t q;                                                                     \
                 memcpy(&q, xq + (m0 + m) * H + 4 * d4, 4);                                     \
