@@ -3,8 +3,10 @@
 For each concurrency level (closed loop: N clients, each sends its next request when the last
 one ends), the same greedy requests (fixed prompts, `ignore_eos`, fixed max_tokens) run
 (a) straight on an `AsyncEngine` in this process and (b) through a `headrace serve` process over
-streaming /v1/completions, taking turns (A B A B) so that the machine's noise hits both; each
-side's median turn counts. While (b) runs, a prober times /health. Prints JSON.
+streaming /v1/completions, once per HTTP client (aiohttp, httpx), taking turns (A B C A B C) so
+that the machine's noise hits all; each side's median turn counts. The client runs on the same
+cores as the server, so its CPU a token (reported) is the engine's loss too: aiohttp's is about a
+third of httpx's. While (b) runs, a prober times /health. Prints JSON.
 
     .venv/bin/python bench/http_overhead.py                       # Gemma 3 270M
     .venv/bin/python bench/http_overhead.py --model DIR --levels 1 8 32 --max-tokens 64
@@ -25,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 from headrace.bench import BenchError
@@ -142,19 +145,48 @@ async def health_cpu_s(client: httpx.AsyncClient, pid: int, n: int = 200) -> flo
     return (process_cpu_s(pid) - cpu0) / n
 
 
-def server_runner(client: httpx.AsyncClient, max_tokens: int, pid: int, probe_s: float) -> Runner:
+OneRequest = Callable[[int, str], Awaitable[int]]
+
+
+def body(prompt: str, max_tokens: int) -> dict[str, object]:
+    return {
+        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+        "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+
+
+def usage_tokens(line: bytes | str) -> int | None:
+    text = line.decode() if isinstance(line, bytes) else line
+    if text.startswith("data: {") and '"usage":{' in text:
+        return int(json.loads(text[6:])["usage"]["completion_tokens"])
+    return None
+
+
+def httpx_one(client: httpx.AsyncClient, max_tokens: int) -> OneRequest:
     async def one(i: int, prompt: str) -> int:
-        body = {
-            "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True},
-        }  # fmt: skip
         tokens = 0
-        async with client.stream("POST", "/v1/completions", json=body) as r:
+        async with client.stream("POST", "/v1/completions", json=body(prompt, max_tokens)) as r:
             r.raise_for_status()
             async for line in r.aiter_lines():
-                if line.startswith("data: {") and '"usage":{' in line:
-                    tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+                tokens = usage_tokens(line) or tokens
         return tokens
+
+    return one
+
+
+def aiohttp_one(session: aiohttp.ClientSession, max_tokens: int) -> OneRequest:
+    async def one(i: int, prompt: str) -> int:
+        tokens = 0
+        async with session.post("/v1/completions", json=body(prompt, max_tokens)) as r:
+            r.raise_for_status()
+            async for line in r.content:
+                tokens = usage_tokens(line) or tokens
+        return tokens
+
+    return one
+
+
+def server_runner(client: httpx.AsyncClient, one: OneRequest, pid: int, probe_s: float) -> Runner:
 
     async def run(n: int, work: list[str]) -> Run:
         done = asyncio.Event()
@@ -178,49 +210,55 @@ async def compare(args: argparse.Namespace, url: str, pid: int) -> dict[str, dic
     engine = await AsyncEngine.start(*configs(args), served_model_name="bench")
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     client = httpx.AsyncClient(base_url=url, timeout=600, limits=limits)
+    session = aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=256))
     try:
         probe_s = await health_cpu_s(client, pid)
-        sides = {"engine": engine_runner(engine, args.max_tokens),
-                 "server": server_runner(client, args.max_tokens, pid, probe_s)}  # fmt: skip
+        ones = {"aiohttp": aiohttp_one(session, args.max_tokens),
+                "httpx": httpx_one(client, args.max_tokens)}  # fmt: skip
+        sides = {"engine": engine_runner(engine, args.max_tokens)}
+        for name in args.clients:
+            sides[f"server_{name}"] = server_runner(client, ones[name], pid, probe_s)
         for run in sides.values():
             await run(2, prompts(4, 8))  # warm-up
         print(f"/health costs the server {probe_s * 1e6:.0f} us of CPU", file=sys.stderr)
         out: dict[str, dict[str, object]] = {"health_cpu_us": {"value": round(probe_s * 1e6, 1)}}
         for n in args.levels:
             work = prompts(n * args.requests_per_stream, args.prompt_words)
-            runs: dict[str, list[Run]] = {"engine": [], "server": []}
+            runs: dict[str, list[Run]] = {name: [] for name in sides}
             for _ in range(args.repeats):
                 for name, run in sides.items():
                     runs[name].append(await run(n, work))
                     tps = runs[name][-1].tokens_per_s()
-                    print(f"{n:>3} streams  {name:<6} {tps:8.1f} tokens/s", file=sys.stderr)
-            mid = {k: sorted(v, key=Run.tokens_per_s)[len(v) // 2] for k, v in runs.items()}
-            out[str(n)] = {
-                "engine": mid["engine"].summary(),
-                "server": mid["server"].summary(),
-                "server_vs_engine": round(
-                    mid["server"].tokens_per_s() / mid["engine"].tokens_per_s(), 3
-                ),
-                "http_cpu_us_per_token": round(
-                    (
-                        mid["server"].frontend_cpu_s / max(mid["server"].tokens, 1)
-                        - mid["engine"].frontend_cpu_s / max(mid["engine"].tokens, 1)
-                    )
-                    * 1e6,
-                    1,
-                ),  # fmt: skip
-                "all_tokens_per_s": {
-                    k: [round(r.tokens_per_s(), 1) for r in v] for k, v in runs.items()
-                },
-            }
+                    print(f"{n:>3} streams  {name:<14} {tps:8.1f} tokens/s", file=sys.stderr)
+            out[str(n)] = level_summary(runs)
         return out
     finally:
+        await session.close()
         await client.aclose()
         await engine.close()
 
 
-async def probe_health(url: str, done: asyncio.Event, every_s: float = 0.05) -> list[float]:
-    """/health round trips (ms) on a connection of its own until `done`."""
+def level_summary(runs: dict[str, list[Run]]) -> dict[str, object]:
+    """Each side's median run; per client, its tokens/s over the engine's and the server's CPU
+    a token beyond what the engine's front end spends."""
+    mid = {k: sorted(v, key=Run.tokens_per_s)[len(v) // 2] for k, v in runs.items()}
+    engine = mid["engine"]
+    out: dict[str, object] = {k: r.summary() for k, r in mid.items()}
+    for name, r in mid.items():
+        if name == "engine":
+            continue
+        client = name.removeprefix("server_")
+        out[f"{client}_vs_engine"] = round(r.tokens_per_s() / engine.tokens_per_s(), 3)
+        http_s = r.frontend_cpu_s / max(r.tokens, 1) - engine.frontend_cpu_s / max(engine.tokens, 1)
+        out[f"{client}_http_cpu_us_per_token"] = round(http_s * 1e6, 1)
+    out["all_tokens_per_s"] = {k: [round(r.tokens_per_s(), 1) for r in v] for k, v in runs.items()}
+    return out
+
+
+async def probe_health(url: str, done: asyncio.Event, every_s: float = 0.2) -> list[float]:
+    """/health round trips (ms) on a connection of its own until `done`. Five a second, not
+    twenty: a probe costs about 1.3 ms of httpx and 0.4 ms of the server, CPU the engine loses
+    on shared cores (at 20 a second, a third of the server side's extra CPU)."""
     times = []
     async with httpx.AsyncClient(base_url=url, timeout=30) as c:
         while not done.is_set():
@@ -277,6 +315,10 @@ def main() -> None:
     p.add_argument("--requests-per-stream", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="turns per side and level")
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument(
+        "--clients", choices=["aiohttp", "httpx"], nargs="+", default=["aiohttp", "httpx"],
+        help="the load's HTTP clients, a side each (they share the server's cores)",
+    )  # fmt: skip
     args = p.parse_args()
     proc, url = start_server(args)
     try:
@@ -288,6 +330,7 @@ def main() -> None:
         "model": args.model or "gemma-3-270m (embedded)",
         "max_tokens": args.max_tokens,
         "prompt_words": args.prompt_words,
+        "clients": args.clients,
         "cpus": os.cpu_count(),
         "levels": levels,
         "targets": {"server_vs_engine_at_32": 0.9, "health_p99_ms": 50},
