@@ -1,5 +1,6 @@
 """The in-place paged decode kernel against gather + SDPA, on every path of the C code:
-the AVX-512 one (G in 1, 2, 4, 8 and D a multiple of 16) and the portable one (any other)."""
+the AVX-512 one (G in 1, 2, 4, 8 and D a multiple of 16: the weighted sum in passes of four
+column chunks and a tail of single ones) and the portable one (any other)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,26 @@ def reference(
 
 @pytest.mark.parametrize(
     ("hq", "hkv", "d"),
-    [(4, 1, 256), (8, 2, 64), (2, 2, 32), (16, 2, 128), (6, 2, 64), (4, 2, 24), (3, 3, 8)],
-    ids=["gemma3", "gqa4", "mha", "g8", "g3-portable", "d24-portable", "tiny-portable"],
+    [
+        (4, 1, 256),
+        (8, 2, 64),
+        (2, 2, 32),
+        (16, 2, 128),
+        (4, 2, 80),
+        (6, 2, 64),
+        (4, 2, 24),
+        (3, 3, 8),
+    ],
+    ids=[
+        "gemma3",
+        "gqa4",
+        "mha",
+        "g8",
+        "d80-tail",
+        "g3-portable",
+        "d24-portable",
+        "tiny-portable",
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_kernel_matches_gathered_sdpa(hq: int, hkv: int, d: int, dtype: torch.dtype) -> None:

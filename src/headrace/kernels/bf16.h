@@ -27,7 +27,14 @@ static inline void bf16_store(uint16_t *p, int64_t i, float f) {
     p[i] = (uint16_t)(bits >> 16);
 }
 
+/* fp32's, so that one kernel body serves both stored dtypes. */
+static inline float f32_load(const float *p, int64_t i) { return p[i]; }
+static inline void f32_store(float *p, int64_t i, float f) { p[i] = f; }
+
 #ifdef __AVX512F__
+#define LANES 16 /* fp32 lanes of a vector */
+static inline __m512 f32_load16(const float *p) { return _mm512_loadu_ps(p); }
+
 /* 16 lanes of fp32 from 16 stored bf16 values. */
 static inline __m512 bf16_load16(const uint16_t *p) {
     __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));

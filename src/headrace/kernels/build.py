@@ -1,5 +1,5 @@
-"""Compile `cpu_kernels.c`, `int8_head.c`, `int8_screen.c`, `int8_linear.c` and `bf16_linear.c`
-with the machine's C compiler once, cache the library, load it.
+"""Compile `cpu_kernels.c`, `paged_decode.c`, `int8_head.c`, `int8_screen.c`, `int8_linear.c` and
+`bf16_linear.c` with the machine's C compiler once, cache the library, load it.
 
 A plain C library through ctypes rather than a torch C++ extension: it builds in about 0.4 s
 (no torch headers), so the first start ever stays fast, and a later start loads it from the
@@ -27,10 +27,17 @@ import torch  # noqa: F401  (loaded first: the library then shares torch's OpenM
 from headrace.paths import cache_root
 
 log = logging.getLogger(__name__)
-NAMES = ("cpu_kernels.c", "int8_head.c", "int8_screen.c", "int8_linear.c", "bf16_linear.c")
+NAMES = (
+    "cpu_kernels.c",
+    "paged_decode.c",
+    "int8_head.c",
+    "int8_screen.c",
+    "int8_linear.c",
+    "bf16_linear.c",
+)
 SOURCES = [Path(__file__).with_name(n) for n in NAMES]
 # included by the sources: part of the cache key
-HEADERS = [Path(__file__).with_name(n) for n in ("bf16.h", "head_cands.h")]
+HEADERS = [Path(__file__).with_name(n) for n in ("bf16.h", "fast_exp.h", "head_cands.h")]
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC"]
 I64, F32, PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 

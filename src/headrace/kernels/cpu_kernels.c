@@ -13,164 +13,7 @@
 #include <string.h>
 
 #include "bf16.h"
-
-static inline float f32_load(const float *p, int64_t i) { return p[i]; }
-static inline void f32_store(float *p, int64_t i, float f) { p[i] = f; }
-
-/* 16 lanes of fp32 from 16 stored values (AVX-512), and how many lanes a chunk has. */
-#ifdef __AVX512F__
-#include <immintrin.h>
-#define LANES 16
-static inline __m512 f32_load16(const float *p) { return _mm512_loadu_ps(p); }
-#endif
-
-/* Decode attention over a paged KV cache: one query token per sequence, read in place.
- *
- * q      [B, Hq, D]          the step's queries
- * kc, vc [N, bs, Hkv, D]     one layer's pools
- * tables [B, W] int64        block ids; tables[b][0] holds position base[b]
- * base   [B] int64           position of the first slot of tables[b][0]
- * lo, hi [B] int64           sequence b attends to positions [lo, hi)   (hi - lo >= 1)
- * out    [B, Hq, D]
- * Query heads h with h / (Hq / Hkv) == g share KV head g (grouped-query attention).
- * Exact softmax: all scores of a (sequence, KV head) pair first, then the weighted sum of V.
- * One task per (sequence, KV head); the AVX-512 path keeps G query rows' sums in registers
- * (G = 1, 2, 4 or 8 and D a multiple of 16), the portable path covers every other shape.
- */
-#define MAXG 8
-#define PREFETCH_ROWS 8
-
-#ifdef __AVX512F__
-/* s[g * n + i] = q_g . k_i for the n rows at kc + off[i]; qf [G, D] fp32. */
-#define DEFINE_SCORES16(NAME, T, LOAD16)                                                      \
-    static inline __attribute__((always_inline)) void NAME(                                  \
-        const float *qf, const T *kc, const T *vc, const int64_t *off, int64_t n, int64_t D, \
-        float *s, int G) {                                                                   \
-        for (int64_t i = 0; i < n; i++) {                                                    \
-            const T *k = kc + off[i];                                                        \
-            if (i + PREFETCH_ROWS < n) { /* rows of scattered blocks: the prefetcher stalls */ \
-                const char *nk = (const char *)(kc + off[i + PREFETCH_ROWS]);                \
-                const char *nv = (const char *)(vc + off[i + PREFETCH_ROWS]);                \
-                for (int64_t b = 0; b < D * (int64_t)sizeof(T); b += 64) {                   \
-                    _mm_prefetch(nk + b, _MM_HINT_T0);                                       \
-                    _mm_prefetch(nv + b, _MM_HINT_T1); /* V for the weighted sum, into L2 */ \
-                }                                                                            \
-            }                                                                                \
-            __m512 acc[MAXG];                                                                \
-            for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();                       \
-            for (int64_t c = 0; c < D; c += LANES) {                                         \
-                const __m512 kf = LOAD16(k + c);                                             \
-                for (int g = 0; g < G; g++)                                                  \
-                    acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(qf + g * D + c), kf, acc[g]);  \
-            }                                                                                \
-            for (int g = 0; g < G; g++) s[g * n + i] = _mm512_reduce_add_ps(acc[g]);         \
-        }                                                                                    \
-    }
-/* acc [G, D] = sum_i w[g * n + i] * v_i, one 16-wide column chunk at a time in registers. */
-#define DEFINE_WSUM16(NAME, T, LOAD16)                                                        \
-    static inline __attribute__((always_inline)) void NAME(                                  \
-        const float *w, const T *vc, const int64_t *off, int64_t n, int64_t D, float *acc,   \
-        int G) {                                                                             \
-        for (int64_t c = 0; c < D; c += LANES) {                                             \
-            __m512 a[MAXG];                                                                  \
-            for (int g = 0; g < G; g++) a[g] = _mm512_setzero_ps();                         \
-            for (int64_t i = 0; i < n; i++) {                                                \
-                const __m512 vf = LOAD16(vc + off[i] + c);                                   \
-                for (int g = 0; g < G; g++)                                                  \
-                    a[g] = _mm512_fmadd_ps(_mm512_set1_ps(w[g * n + i]), vf, a[g]);          \
-            }                                                                                \
-            for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + g * D + c, a[g]);             \
-        }                                                                                    \
-    }
-DEFINE_SCORES16(scores16_bf16, uint16_t, bf16_load16)
-DEFINE_SCORES16(scores16_f32, float, f32_load16)
-DEFINE_WSUM16(wsum16_bf16, uint16_t, bf16_load16)
-DEFINE_WSUM16(wsum16_f32, float, f32_load16)
-/* A constant G in each call lets the compiler unroll the g loops and keep acc in registers. */
-#define DISPATCH_G(FN, G, ...)                                                                \
-    switch (G) {                                                                             \
-    case 1: FN(__VA_ARGS__, 1); break;                                                       \
-    case 2: FN(__VA_ARGS__, 2); break;                                                       \
-    case 4: FN(__VA_ARGS__, 4); break;                                                       \
-    default: FN(__VA_ARGS__, 8); break;                                                      \
-    }
-#define FAST_OK(G, D) ((D) % LANES == 0 && ((G) == 1 || (G) == 2 || (G) == 4 || (G) == 8))
-#else
-#define FAST_OK(G, D) 0
-#endif
-
-#define DEFINE_PAGED_DECODE(NAME, T, LOAD, STORE, SCORES16, WSUM16)                           \
-    int NAME(const T *q, const T *kc, const T *vc, const int64_t *tables, int64_t width,     \
-             const int64_t *base, const int64_t *lo, const int64_t *hi, int64_t B,           \
-             int64_t Hq, int64_t Hkv, int64_t D, int64_t bs, float scale, T *out) {          \
-        const int64_t G = Hq / Hkv;                                                          \
-        const int fast = FAST_OK(G, D);                                                      \
-        int failed = 0;                                                                      \
-        _Pragma("omp parallel for schedule(dynamic, 1) reduction(| : failed)")              \
-        for (int64_t task = 0; task < B * Hkv; task++) {                                     \
-            const int64_t b = task / Hkv, h = task % Hkv, n = hi[b] - lo[b];                 \
-            float *qf = malloc(sizeof(float) * (size_t)(2 * G * D + G * n) +                 \
-                               sizeof(int64_t) * (size_t)n);                                 \
-            if (!qf) {                                                                       \
-                failed = 1;                                                                  \
-                continue;                                                                    \
-            }                                                                                \
-            float *acc = qf + G * D, *s = acc + G * D;                                       \
-            int64_t *off = (int64_t *)(s + G * n);                                           \
-            for (int64_t i = 0; i < n; i++) {                                                \
-                const int64_t rel = lo[b] + i - base[b];                                     \
-                const int64_t slot = tables[b * width + rel / bs] * bs + rel % bs;           \
-                off[i] = (slot * Hkv + h) * D;                                               \
-            }                                                                                \
-            for (int64_t g = 0; g < G; g++)                                                  \
-                for (int64_t d = 0; d < D; d++)                                              \
-                    qf[g * D + d] = LOAD(q, (b * Hq + h * G + g) * D + d) * scale;           \
-            if (fast) {                                                                      \
-                DISPATCH_G(SCORES16, G, qf, kc, vc, off, n, D, s)                            \
-            } else {                                                                         \
-                for (int64_t i = 0; i < n; i++)                                              \
-                    for (int64_t g = 0; g < G; g++) {                                        \
-                        float dot = 0.0f;                                                    \
-                        for (int64_t d = 0; d < D; d++)                                      \
-                            dot += qf[g * D + d] * LOAD(kc, off[i] + d);                     \
-                        s[g * n + i] = dot;                                                  \
-                    }                                                                        \
-            }                                                                                \
-            for (int64_t g = 0; g < G; g++) {                                                \
-                float m = -INFINITY, sum = 0.0f;                                             \
-                for (int64_t i = 0; i < n; i++) m = s[g * n + i] > m ? s[g * n + i] : m;     \
-                for (int64_t i = 0; i < n; i++) {                                            \
-                    s[g * n + i] = expf(s[g * n + i] - m);                                   \
-                    sum += s[g * n + i];                                                     \
-                }                                                                            \
-                for (int64_t i = 0; i < n; i++) s[g * n + i] /= sum;                         \
-            }                                                                                \
-            if (fast) {                                                                      \
-                DISPATCH_G(WSUM16, G, s, vc, off, n, D, acc)                                 \
-            } else {                                                                         \
-                memset(acc, 0, sizeof(float) * (size_t)(G * D));                             \
-                for (int64_t i = 0; i < n; i++)                                              \
-                    for (int64_t g = 0; g < G; g++)                                          \
-                        for (int64_t d = 0; d < D; d++)                                      \
-                            acc[g * D + d] += s[g * n + i] * LOAD(vc, off[i] + d);           \
-            }                                                                                \
-            for (int64_t g = 0; g < G; g++)                                                  \
-                for (int64_t d = 0; d < D; d++)                                              \
-                    STORE(out, (b * Hq + h * G + g) * D + d, acc[g * D + d]);                \
-            free(qf);                                                                        \
-        }                                                                                    \
-        return failed;                                                                       \
-    }
-
-#ifdef __AVX512F__
-DEFINE_PAGED_DECODE(paged_decode_bf16, uint16_t, bf16_load, bf16_store, scores16_bf16,
-                    wsum16_bf16)
-DEFINE_PAGED_DECODE(paged_decode_f32, float, f32_load, f32_store, scores16_f32, wsum16_f32)
-#else
-#define DISPATCH_G(...)
-DEFINE_PAGED_DECODE(paged_decode_bf16, uint16_t, bf16_load, bf16_store, _, _)
-DEFINE_PAGED_DECODE(paged_decode_f32, float, f32_load, f32_store, _, _)
-#endif
+#include "fast_exp.h"
 
 /* Greedy pick: x [R, V] -> idx [R], the first index of each row's maximum, as torch.argmax
  * (a NaN counts as the maximum, as in torch). Blocks of 1024: a vectorised max per block, and
@@ -221,26 +64,6 @@ DEFINE_ARGMAX(argmax_f32, float, f32_load)
  * the same roundings to bf16 as the torch ops it replaces (fp32 inside, bf16 at each step torch
  * stores a bf16 tensor). */
 
-/* e^x for the activations: 2^n * p(r) with r = x - n ln 2, |r| <= ln2 / 2; a degree-6 Taylor
- * polynomial, relative error ~2e-7 (results are stored as bf16, 8 bits of mantissa). Plain
- * arithmetic, so the loops that call it vectorise. */
-static inline float exp_approx(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float n = __builtin_roundf(x * 1.44269504f);
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f; /* ln 2 in two parts (Cephes) */
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
-}
-
 /* 0.5 x (1 + tanh u) written as x / (1 + e^(-2u)): the same function without the
  * cancellation of 1 + tanh u near -1 (torch's form loses most digits for x < -3). */
 static inline float gelu_tanh(float x) {
@@ -257,23 +80,6 @@ static inline float bf16_round(float f) {
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
 static inline __m512 bf16_round16(__m512 f) { /* round to bf16 and widen back */
     const __m256i h = (__m256i)_mm512_cvtneps_pbh(f);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
