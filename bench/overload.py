@@ -30,6 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 from headrace.bench import BenchError
@@ -112,7 +113,7 @@ def workload(args: argparse.Namespace, tenants: tuple[Tenant, ...], seed: int) -
     )
 
 
-async def timed(client: httpx.AsyncClient, target: Target, spec, t0: float) -> Outcome:  # type: ignore[no-untyped-def]
+async def timed(client: aiohttp.ClientSession, target: Target, spec, t0: float) -> Outcome:  # type: ignore[no-untyped-def]
     start = time.perf_counter()
     result = await send(client, target, spec, t0)
     return Outcome(result, time.perf_counter() - start)

@@ -1,6 +1,11 @@
 """One streaming request to an OpenAI-compatible server (`/v1/completions`) or Headrace's
 `/v1/generate`, timed: TTFT, gaps between pieces of text, end-to-end; output tokens from the
-server's `usage` when it reports it, else one per streamed piece."""
+server's `usage` when it reports it, else one per streamed piece.
+
+The load goes through aiohttp (as vLLM's `bench serve`): a benchmark often shares its cores with
+the server it measures, and aiohttp reads an SSE event for about a third of httpx's CPU
+(`bench/http_overhead.py`: 50-95 against 130-190 us a token at 8-32 streams).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
 from headrace.bench.stats import RequestResult
 from headrace.bench.workloads import RequestSpec
@@ -49,12 +54,14 @@ class Target:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def make_client(target: Target) -> httpx.AsyncClient:
-    keepalive = 0 if target.connection_per_request else None
-    return httpx.AsyncClient(
+def make_client(target: Target) -> aiohttp.ClientSession:
+    """No cap on connections (the load decides); a fresh one per request if asked."""
+    return aiohttp.ClientSession(
         base_url=target.url,
-        timeout=httpx.Timeout(target.timeout, connect=10.0),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=keepalive),
+        # `timeout` bounds each wait for bytes, not the request: a long stream stays legal
+        timeout=aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=target.timeout),
+        connector=aiohttp.TCPConnector(limit=0, force_close=target.connection_per_request),
+        read_bufsize=1 << 20,  # a line (one SSE event) may be long: a whole text, logprobs
     )
 
 
@@ -95,7 +102,7 @@ def _text_of(event: dict[str, object], api: str) -> str:
 
 
 async def send(
-    client: httpx.AsyncClient, target: Target, spec: RequestSpec, t0: float
+    client: aiohttp.ClientSession, target: Target, spec: RequestSpec, t0: float
 ) -> RequestResult:
     start = time.perf_counter()
     result = RequestResult(
@@ -109,33 +116,27 @@ async def send(
     )
     stream = _Stream()
     try:
-        req = client.build_request(
-            "POST", target.path, json=target.payload(spec), headers=target.headers(spec)
-        )
-        resp = await client.send(req, stream=True)
-        try:
-            result.status = resp.status_code
-            if resp.status_code != 200:
-                await resp.aread()
-                result.error, result.message = _http_error(resp)
+        payload, headers = target.payload(spec), target.headers(spec)
+        async with client.post(target.path, json=payload, headers=headers) as resp:
+            result.status = resp.status
+            if resp.status != 200:
+                result.error, result.message = _http_error(resp.status, await resp.read())
                 return result
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
+            async for line in resp.content:
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     break
                 stream.feed(json.loads(data), target.api, time.perf_counter() - start)
-        finally:
-            await resp.aclose()
-    except httpx.TimeoutException as exc:
+    except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors
         result.error, result.message = "timeout", str(exc) or type(exc).__name__
         return result
-    except httpx.HTTPError as exc:
-        result.error, result.message = _transport_error(exc), str(exc) or type(exc).__name__
-        return result
-    except json.JSONDecodeError as exc:
-        result.error, result.message = "bad_event", f"unparseable SSE event: {exc}"
+    except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a line past read_bufsize
+        if isinstance(exc, json.JSONDecodeError):
+            result.error, result.message = "bad_event", f"unparseable SSE event: {exc}"
+        else:
+            result.error, result.message = _transport_error(exc), str(exc) or type(exc).__name__
         return result
     return _finish(result, stream, time.perf_counter() - start)
 
@@ -168,21 +169,21 @@ def _finish(result: RequestResult, stream: _Stream, e2e: float) -> RequestResult
     return result
 
 
-def _http_error(resp: httpx.Response) -> tuple[str, str]:
+def _http_error(status: int, body: bytes) -> tuple[str, str]:
     try:
-        err = resp.json().get("error")
+        err = json.loads(body).get("error")
     except (ValueError, AttributeError):
         err = None
     if isinstance(err, dict):
-        return str(err.get("type") or f"http_{resp.status_code}"), str(err.get("message") or "")
+        return str(err.get("type") or f"http_{status}"), str(err.get("message") or "")
     if isinstance(err, str):  # TGI and some others: {"error": "text", "error_type": ...}
-        return f"http_{resp.status_code}", err
-    return f"http_{resp.status_code}", resp.text[:200]
+        return f"http_{status}", err
+    return f"http_{status}", body[:200].decode(errors="replace")
 
 
-def _transport_error(exc: httpx.HTTPError) -> str:
-    if isinstance(exc, httpx.ConnectError):
+def _transport_error(exc: Exception) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
         return "connect_error"
-    if isinstance(exc, httpx.RemoteProtocolError):
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
         return "protocol_error"
-    return "read_error" if isinstance(exc, httpx.ReadError) else "transport_error"
+    return "read_error" if isinstance(exc, aiohttp.ClientOSError) else "transport_error"

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx
 
 from headrace.bench.client import Target, make_client, send
@@ -50,7 +51,7 @@ OnResult = Callable[[RequestResult], None]
 class _Collector:
     """Runs requests as tasks and keeps their results, cancelled ones included."""
 
-    def __init__(self, client: httpx.AsyncClient, target: Target, t0: float, on: OnResult):
+    def __init__(self, client: aiohttp.ClientSession, target: Target, t0: float, on: OnResult):
         self.client, self.target, self.t0, self.on = client, target, t0, on
         self.results: list[RequestResult] = []
         self.tasks: set[asyncio.Task[None]] = set()
@@ -146,7 +147,8 @@ async def run_level(
     on_result: OnResult | None = None,
 ) -> LevelRun:
     """One benchmark run at one offered load (`mode` "rate": requests/s; "concurrency")."""
-    async with make_client(target) as client, make_client(target) as metrics_client:
+    metrics_client = httpx.AsyncClient(base_url=target.url, timeout=10.0)
+    async with make_client(target) as client, metrics_client:
         scraper = MetricsScraper(metrics_client, interval=scrape_interval or 0.5)
         if scrape_interval is not None:
             await scraper.start(time.perf_counter())

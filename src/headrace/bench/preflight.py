@@ -4,9 +4,10 @@ a report full of failures. The request also warms the server up (first-call comp
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
-import httpx
+import aiohttp
 
 from headrace.bench import BenchError
 from headrace.bench.client import Target, make_client, send
@@ -44,20 +45,22 @@ async def preflight(target: Target, tenant: Tenant | None = None) -> Target:
 
 
 async def _first_model(
-    client: httpx.AsyncClient, target: Target, tenant: Tenant | None
+    client: aiohttp.ClientSession, target: Target, tenant: Tenant | None
 ) -> str | None:
     headers = {}
     key = tenant.api_key if tenant and tenant.api_key else target.api_key
     if key:
         headers["Authorization"] = f"Bearer {key}"
     try:
-        resp = await client.get("/v1/models", headers=headers, timeout=10.0)
-    except httpx.HTTPError as exc:
+        timeout = aiohttp.ClientTimeout(total=10.0)
+        async with client.get("/v1/models", headers=headers, timeout=timeout) as resp:
+            if resp.status != 200:
+                return None  # not every server lists models; the completion request will tell
+            body = await resp.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
         raise BenchError(f"cannot reach {target.url}: {exc or type(exc).__name__}") from None
-    if resp.status_code != 200:
-        return None  # not every server lists models; the completion request will tell
     try:
-        data = resp.json().get("data") or []
+        data = json.loads(body).get("data") or []
         return str(data[0]["id"]) if data else None
     except (ValueError, AttributeError, KeyError, IndexError, TypeError):
         return None
