@@ -132,11 +132,11 @@ async def send(
     except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors
         result.error, result.message = "timeout", str(exc) or type(exc).__name__
         return result
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        result.error, result.message = "bad_event", f"unparseable SSE event: {exc}"
+        return result
     except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a line past read_bufsize
-        if isinstance(exc, json.JSONDecodeError):
-            result.error, result.message = "bad_event", f"unparseable SSE event: {exc}"
-        else:
-            result.error, result.message = _transport_error(exc), str(exc) or type(exc).__name__
+        result.error, result.message = _transport_error(exc), str(exc) or type(exc).__name__
         return result
     return _finish(result, stream, time.perf_counter() - start)
 
