@@ -27,7 +27,7 @@ def test_token_bound() -> None:
     s.enqueue(1, "m", FREE, 700)
     s.admit("m", FREE, 300)
     err = refused(s.admit, "m", FREE, 301)
-    assert "700 tokens are queued ahead" in err.message
+    assert "this tenant has 700 tokens queued; this request's 301 more" in err.message
 
 
 def test_expected_wait_uses_throughput_measured_at_capacity(clock) -> None:  # type: ignore[no-untyped-def]

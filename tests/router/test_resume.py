@@ -17,7 +17,7 @@ from headrace.config import RouterConfig
 from headrace.engine.client import GenerateOptions, GenerationChunk
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.replica import Replica
-from headrace.router.router import Router
+from headrace.router.router import REPLICA_FAILED, Router
 
 PROMPT = [1, 2, 3]
 
@@ -138,7 +138,7 @@ def test_resumes_are_bounded() -> None:
     engines = [ModelEngine(die_after=2), ModelEngine(die_after=2), ModelEngine()]
     router, chunks = run(engines, params, RouterConfig(max_resumes=1))
     last = chunks[-1]
-    assert last.finish_reason is FinishReason.ERROR and last.error == "exited"
+    assert last.finish_reason is FinishReason.ERROR and last.error == REPLICA_FAILED
     assert (last.prompt_tokens, last.completion_tokens) == (len(PROMPT), 4)
     assert router.resumes == 1 and not engines[2].requests
 

@@ -23,6 +23,10 @@ part of it is counted by the gateway (`TenantQueue`).
   it is refused at once with 503 and a Retry-After.
 
 One that slips through and still does not start in time is ended by the engine as `overloaded`.
+
+A refusal's message tells the tenant its own figures only (its queued requests or tokens, its
+expected wait): never the queue's length, the bound, its share (which follows from how many
+others are queued) or other tiers' backlog.
 """
 
 from __future__ import annotations
@@ -100,8 +104,8 @@ class LoadShedder:
         timeout_s = tenant.queue_timeout_s
         if timeout_s is not None and wait is not None and wait > timeout_s:
             raise overloaded(
-                f"server overloaded: expected wait {wait:.1f} s ({a.n} requests queued ahead) "
-                f"exceeds this tier's queue deadline of {timeout_s:g} s; retry later",
+                f"server overloaded: expected wait {wait:.1f} s exceeds this tier's queue "
+                f"deadline of {timeout_s:g} s; retry later",
                 wait - timeout_s,
             )
 
@@ -130,12 +134,12 @@ class LoadShedder:
         if not over_share(a.own.count, 1, quota):
             return
         if quota <= 0:
-            message = f"{a.urgent_n} requests of more urgent tiers are queued (limit {bound})"
+            message = "the queue is full with requests of more urgent tiers"
             retry = self._retry_after(model, a, a.tokens / a.n, fair=False)
         else:
             message = (
-                f"{a.n} requests are queued ahead (limit {bound}), {a.own.count} of them this "
-                f"tenant's, and its share is {quota}"
+                f"the queue is full, and this tenant has {a.own.count} requests queued, its "
+                "share of it"
             )
             excess = (a.own.count + 1 - quota) * a.own.tokens / a.own.count
             retry = self._retry_after(model, a, excess)
@@ -149,9 +153,9 @@ class LoadShedder:
         if not over_share(a.own.tokens, tokens, share):
             return
         raise overloaded(
-            f"server overloaded: {a.tokens} tokens are queued ahead, this request adds "
-            f"{tokens} (limit {bound}); this tenant's share is {share:.0f} tokens and it has "
-            f"{a.own.tokens} queued; retry later",
+            f"server overloaded: the token queue is full, and this tenant has "
+            f"{a.own.tokens} tokens queued; this request's {tokens} more would pass its share; "
+            "retry later",
             self._retry_after(model, a, a.own.tokens + tokens - share, fair=share > 0),
         )
 

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import msgspec
 
 from headrace.engine.client import GenerateOptions, GenerationChunk
 from headrace.engine.messages import StepStats
@@ -191,15 +192,22 @@ class RemoteEngine:
             data = line[len("data: ") :]
             if data == "[DONE]":
                 return
-            event = json.loads(data)
-            if "request_id" not in event:  # an error event: the server is shutting down
-                message = str(event["error"].get("message", "remote error"))
-                self._fail(message)
-                yield _error(request_id, f"remote replica {self.url}: {message}")
-                return
-            if "stats" in event:  # fresher than the last poll
-                self._stats = stats_from_json(event["stats"])
-            yield chunk_from_json(event)
+            try:
+                chunk = self._event(request_id, json.loads(data))
+            except (ValueError, LookupError, TypeError, AttributeError, msgspec.MsgspecError) as e:
+                # The server's fault, not the request's (a ValueError would answer 400).
+                self._fail(f"a malformed event: {type(e).__name__}: {e}")
+                chunk = _error(request_id, f"remote replica {self.url} sent a malformed event")
+            yield chunk
+
+    def _event(self, request_id: str, event: dict[str, Any]) -> GenerationChunk:
+        if "request_id" not in event:  # an error event: the server is shutting down
+            message = str(event["error"].get("message", "remote error"))
+            self._fail(message)
+            return _error(request_id, f"remote replica {self.url}: {message}")
+        if "stats" in event:  # fresher than the last poll
+            self._stats = stats_from_json(event["stats"])
+        return chunk_from_json(event)
 
     async def _refused(self, request_id: str, resp: httpx.Response) -> GenerationChunk:
         """A status other than 200: a 400 is the request's fault, anything else the server's."""

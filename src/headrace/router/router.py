@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("headrace.router")
 
 _RESUME_POLL_S = 0.05
+
+
+REPLICA_FAILED = "the replica serving this request failed; retry later"
 
 
 class NoReplicaError(RuntimeError):
@@ -157,7 +161,7 @@ class Router:
                 return
             if replica is None:
                 if failure is not None:
-                    yield stream.deliver(failure)
+                    yield stream.deliver(_for_caller(request_id, failure))
                     return
                 raise NoReplicaError(f"no replica of model {self.name!r} is in rotation")
             tried.add(id(replica))
@@ -175,7 +179,7 @@ class Router:
             failure = attempt.failure
             if attempt.streamed or stream.resumes:
                 if not self._resume(request_id, replica, stream, failure):
-                    yield stream.deliver(failure)
+                    yield stream.deliver(_for_caller(request_id, failure))
                     return
                 self._between[request_id] = False
                 tried = set()  # out of rotation: back in it after a restart, it may serve
@@ -267,3 +271,10 @@ class Router:
 
 def _end_chunk(request_id: str, reason: FinishReason) -> GenerationChunk:
     return GenerationChunk(request_id, "", [], reason)
+
+
+def _for_caller(request_id: str, failure: GenerationChunk) -> GenerationChunk:
+    """A replica's failure as the caller (a tenant) sees it: that it failed. Why, and where (a
+    remote replica's URL, a Ray node's address), is for the log and /health's details only."""
+    log.warning("request %s failed: %s", request_id, failure.error)
+    return dataclasses.replace(failure, error=REPLICA_FAILED)
