@@ -111,8 +111,28 @@ class ServerConfig:
     otlp_traces_endpoint: str | None = _f(
         None, "OTLP/HTTP collector for request traces, e.g. http://127.0.0.1:4318/v1/traces"
     )
+    allowed_hosts: str | None = _f(
+        None, "Host header names answered besides localhost, IP addresses and --host, "
+        "comma-separated (.example.com: it and its subdomains; *: any, behind a proxy); "
+        "others get 421 (DNS rebinding)",
+    )  # fmt: skip
+    allowed_origins: str | None = _f(
+        None, "browser origins (scheme://host[:port]) that may call this server, "
+        "comma-separated, answered with CORS headers (*: any); other cross-origin requests "
+        "get 403. Default: none",
+    )  # fmt: skip
+    api_docs: bool = _f(
+        False, "serve the OpenAPI schema at /openapi.json (behind the admin key on a guarded "
+        "server); off by default",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
+        for origin in self.origin_list:
+            if origin not in ("*", "null") and "://" not in origin:
+                raise ValueError(f"allowed_origins: {origin!r} is not scheme://host[:port]")
+        for host in self.host_list:
+            if "/" in host or " " in host:
+                raise ValueError(f"allowed_hosts: {host!r} is not a host name")
         if min(self.max_body_bytes, self.max_header_bytes, self.max_connections) < 1:
             raise ValueError("body and header sizes and max_connections must be positive")
         if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
@@ -122,6 +142,14 @@ class ServerConfig:
         endpoint = self.otlp_traces_endpoint
         if endpoint is not None and not endpoint.startswith(("http://", "https://")):
             raise ValueError(f"otlp_traces_endpoint must be an http(s) URL, got {endpoint!r}")
+
+    @property
+    def host_list(self) -> list[str]:
+        return _items(self.allowed_hosts)
+
+    @property
+    def origin_list(self) -> list[str]:
+        return _items(self.allowed_origins)
 
 
 @dataclass(frozen=True)
@@ -285,6 +313,11 @@ class HeadraceConfig:
 
 
 C = TypeVar("C")
+
+
+def _items(text: str | None) -> list[str]:
+    """A comma-separated flag's items, stripped, the empty ones left out."""
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
 
 
 def add_config_args(

@@ -18,7 +18,7 @@ def api_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def api_server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One tiny-model server for the whole API suite; it must stop cleanly (exit code 0)."""
-    args = tiny_server_args(api_model_dir)
+    args = tiny_server_args(api_model_dir) + ["--api-docs"]  # test_schemathesis reads it
     yield from serving(args, tmp_path_factory.mktemp("logs"), exits=(0,))
 
 

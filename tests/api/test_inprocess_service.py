@@ -11,6 +11,7 @@ from fake_engine import FakeEngine
 
 from api.inprocess import make_app, request, script_engine, session
 from api.route_coverage import covers
+from headrace.config import ServerConfig
 from headrace.engine.messages import StepStats
 from headrace.gateway.access import InternalAccess
 from headrace.gateway.auth import KeyStore, hash_key
@@ -120,18 +121,40 @@ def test_stats_give_each_models_live_load_and_replicas() -> None:
     assert "replicas" not in answer["models"]["solo"]  # a lone engine has none
 
 
-@covers("GET /openapi.json", "GET /docs", "GET /docs/oauth2-redirect", "GET /redoc")
-def test_the_schema_and_its_pages_are_served() -> None:
-    async def fetch(client: httpx.AsyncClient) -> dict[str, httpx.Response]:
-        paths = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
-        return {path: await client.get(path) for path in paths}
+DOC_PAGES = ("/docs", "/docs/oauth2-redirect", "/redoc")  # they load Swagger UI from a CDN
 
-    pages = session(make_app(script_engine()), fetch)
-    assert all(r.status_code == 200 for r in pages.values())
-    schema = pages["/openapi.json"].json()
+
+def pages(config: ServerConfig, gateway: OpenGateway | None = None,
+          headers: dict[str, str] | None = None) -> dict[str, httpx.Response]:  # fmt: skip
+    async def fetch(client: httpx.AsyncClient) -> dict[str, httpx.Response]:
+        paths = ("/openapi.json", *DOC_PAGES)
+        return {path: await client.get(path, headers=headers) for path in paths}
+
+    return session(make_app(script_engine(), gateway, config), fetch)
+
+
+def test_neither_the_schema_nor_its_pages_are_served_by_default() -> None:
+    assert {p: r.status_code for p, r in pages(ServerConfig()).items()} == {
+        "/openapi.json": 404, "/docs": 404, "/docs/oauth2-redirect": 404, "/redoc": 404,
+    }  # fmt: skip
+
+
+@covers("GET /openapi.json")
+def test_api_docs_serve_the_schema_and_no_page_that_loads_off_machine_assets() -> None:
+    served = pages(ServerConfig(api_docs=True))
+    assert {p: served[p].status_code for p in DOC_PAGES} == dict.fromkeys(DOC_PAGES, 404)
+    assert served["/openapi.json"].status_code == 200
+    schema = served["/openapi.json"].json()
     assert {"/v1/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
             "/v1/stats", "/v1/replica/generate"} <= set(schema["paths"])  # fmt: skip
     responses = [op["responses"] for ops in schema["paths"].values() for op in ops.values()]
     assert not any("422" in r for r in responses)  # validation errors are answered with 400
-    assert all(r.headers["content-type"].startswith("text/html") for p, r in pages.items()
-               if p != "/openapi.json")  # fmt: skip
+
+
+@covers("GET /openapi.json")
+@pytest.mark.parametrize(("headers", "status"), [({}, 401), ({"x-api-key": ADMIN}, 200)])
+def test_the_schema_of_a_guarded_server_needs_the_admin_key(
+    headers: dict[str, str], status: int
+) -> None:
+    r = pages(ServerConfig(api_docs=True), GUARDED, headers)["/openapi.json"]
+    assert r.status_code == status, r.text

@@ -22,6 +22,7 @@ from headrace.api import chat, dashboard, generate, openai, replica_api
 from headrace.api.arrival import ArrivalClock
 from headrace.api.early_refusal import EarlyRefusal
 from headrace.api.errors import install_error_handlers
+from headrace.api.host_guard import HostGuard, HostPolicy, with_cors
 from headrace.api.limits import BodySizeLimit
 from headrace.api.state import AppState, app_state
 from headrace.config import ServerConfig
@@ -46,7 +47,11 @@ def build_app(
     """The HTTP front end over `engines`; engines from `loader` are the app's to close."""
     state = AppState(dict(engines), gateway, config, metrics or Metrics())
     state.metrics.watch_engines(lambda: state.engines)
-    app = FastAPI(title="Headrace", version="0.1.0", lifespan=_lifespan(state, loader))
+    app = FastAPI(
+        title="Headrace", version="0.1.0", lifespan=_lifespan(state, loader),
+        # Swagger UI and ReDoc load their scripts from a CDN: not served at all.
+        openapi_url=None, docs_url=None, redoc_url=None,
+    )  # fmt: skip
     app.state.headrace = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
@@ -59,13 +64,20 @@ def build_app(
     )
     app.add_api_route("/metrics", metrics_route, methods=["GET"], include_in_schema=False)
     app.openapi = _openapi_without_422(app)  # type: ignore[method-assign]
+    if config.api_docs:
+        app.add_api_route("/openapi.json", openapi_route, methods=["GET"], include_in_schema=False)
     return app
 
 
 def front_door(app: FastAPI) -> ASGIApp:
-    """What the HTTP server runs: `app` behind the arrival clock and the refusals made from
-    the headers alone, both outside FastAPI's own middleware so that a refusal costs least."""
-    return ArrivalClock(EarlyRefusal(app, app.state.headrace))
+    """What the HTTP server runs: `app` behind the arrival clock, the Host and Origin checks,
+    CORS (only with `--allowed-origins`) and the refusals made from the headers alone, all
+    outside FastAPI's own middleware so that a refusal costs least."""
+    state: AppState = app.state.headrace
+    config = state.config
+    policy = HostPolicy.build(config.host, config.host_list, config.origin_list)
+    inner = with_cors(EarlyRefusal(app, state), config.origin_list)
+    return ArrivalClock(HostGuard(inner, policy))
 
 
 def _openapi_without_422(app: FastAPI) -> Callable[[], dict[str, Any]]:
@@ -89,6 +101,12 @@ async def health(request: Request) -> JSONResponse:
     state = app_state(request)
     status, body = state.health(details=state.gateway.access.allows(Scope.HEALTH, request.headers))
     return JSONResponse(body, status_code=status)
+
+
+async def openapi_route(request: Request) -> JSONResponse:
+    """`--api-docs`: the schema, for whom `InternalAccess` lets see it (scope DOCS)."""
+    app_state(request).gateway.access.authorize(Scope.DOCS, request.headers)
+    return JSONResponse(request.app.openapi())
 
 
 async def metrics_route(request: Request) -> Response:

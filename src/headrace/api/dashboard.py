@@ -3,7 +3,8 @@
 - `/dashboard`: the page (HTML); `/dashboard/static/NAME`: its script, style and the vendored
   uPlot (every file shipped in `headrace/api/static/`, no CDN).
 - `/dashboard/data`: the JSON snapshot the page polls once a second (`dashboard_data`);
-  `?ttft_ms=&tpot_ms=` set the SLO targets its goodput is judged against.
+  `?ttft_ms=&tpot_ms=` set the SLO targets its goodput is judged against (finite, positive,
+  at most an hour and a minute; else 400).
 
 Who may look is the rule of `/v1/stats` (`InternalAccess`, scope STATS): on a guarded server,
 the admin key. A browser cannot add a bearer header to a page it navigates to, so the key is
@@ -30,6 +31,8 @@ from headrace.metrics.window import SloTargets
 
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
 STATIC = ("dashboard.html", "dashboard.js", "dashboard.css", "uPlot.iife.min.js", "uPlot.min.css")
+MAX_TTFT_MS = 3_600_000.0  # an hour
+MAX_TPOT_MS = 60_000.0  # a minute per token
 REALM = 'Basic realm="headrace dashboard", charset="UTF-8"'
 
 router = APIRouter(include_in_schema=False)
@@ -50,8 +53,9 @@ async def static(request: Request, name: str) -> Response:
 @router.get("/dashboard/data")
 async def data(
     request: Request,
-    ttft_ms: float = Query(1000.0, gt=0),
-    tpot_ms: float = Query(100.0, gt=0),
+    # Finite and sane: `inf` or 1e309 passed `gt=0` and could not be written as JSON (500).
+    ttft_ms: float = Query(1000.0, gt=0, le=MAX_TTFT_MS, allow_inf_nan=False),
+    tpot_ms: float = Query(100.0, gt=0, le=MAX_TPOT_MS, allow_inf_nan=False),
 ) -> Response:
     refusal = _guarded(request)
     if refusal is not None:

@@ -13,12 +13,10 @@ model otherwise).
 
 from __future__ import annotations
 
-import json
-
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from headrace.api.errors import APIError
+from headrace.api.errors import APIError, send_error
 from headrace.api.state import AppState
 from headrace.gateway.base import GatewayError
 
@@ -37,15 +35,7 @@ class EarlyRefusal:
         if refusal is None:
             await self.app(scope, receive, send)
             return
-        body = json.dumps(refusal.body(), separators=(",", ":")).encode()
-        headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
-                   for k, v in refusal.headers.items()]  # fmt: skip
-        headers += [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    # The body is left unread: close, so it is not parsed as a request.
-                    (b"connection", b"close")]  # fmt: skip
-        await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, refusal)
 
     def _refusal(self, scope: Scope) -> APIError | None:
         if scope["method"] != "POST" or scope["path"] not in GENERATION_ROUTES:

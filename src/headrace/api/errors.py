@@ -7,6 +7,7 @@ exceptions into that JSON body.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import Send
 
 from headrace.api.text import printable
 from headrace.gateway.base import GatewayError
@@ -70,6 +72,19 @@ class APIError(Exception):
         return cls(
             err.status, err.message, type=err.error_type, code=err.status, headers=err.headers
         )
+
+
+async def send_error(send: Send, error: APIError) -> None:
+    """Answer with `error` straight from ASGI middleware, before the app reads the request.
+    The body is left unread: the connection closes, so that it is not parsed as a request."""
+    body = json.dumps(error.body(), separators=(",", ":")).encode()
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+               for k, v in error.headers.items()]  # fmt: skip
+    headers += [(b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close")]  # fmt: skip
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def error_body(

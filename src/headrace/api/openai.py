@@ -22,13 +22,20 @@ from headrace.api.serving import admit, run_to_end, start_stream, stream_run
 from headrace.api.sse import SSEResponse, encode_event
 from headrace.api.state import app_state
 from headrace.engine.client import EngineClient, GenerationChunk
+from headrace.gateway.access import Scope
 
 router = APIRouter()
 
 
-@router.get("/v1/models", response_model=ModelList)
+@router.get("/v1/models", response_model=ModelList, responses=error_responses(401))
 async def list_models(request: Request) -> dict[str, Any]:
+    """Open on an open server; with tenants, a tenant's key or the admin key (as vLLM's
+    `--api-key`). The tenants file restricts no tenant to some models: each sees them all."""
     state = app_state(request)
+    if state.gateway.access.tenants and not state.gateway.access.allows(
+        Scope.STATS, request.headers
+    ):
+        state.gateway.authenticate(request.headers)  # 401 without a tenant's key
     now = int(time.time())
     data = [
         {"id": name, "object": "model", "created": now, "owned_by": "headrace",

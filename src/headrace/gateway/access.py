@@ -2,8 +2,9 @@
 
 The internal routes are what a front end or an operator uses, never a tenant:
 `/v1/replica/*` (run a request as any tenant, at any priority, past every limit), `/v1/stats`
-and `/metrics` (every model's and tenant's traffic) and the details of `/health` (process ids,
-replica URLs). The rule:
+and `/metrics` (every model's and tenant's traffic), the details of `/health` (process ids,
+replica URLs) and, with `--api-docs`, `/openapi.json` (every route, the internal ones too). The
+rule:
 
 - **Guarded** (a tenants file, or an admin key, is set): all of them need the admin key. With a
   tenants file but no admin key configured at all they are refused (401) with a message telling
@@ -27,6 +28,7 @@ class Scope(enum.StrEnum):
     STATS = "stats"  # /v1/stats
     METRICS = "metrics"  # /metrics
     HEALTH = "health"  # the details of /health (its status is for everyone)
+    DOCS = "docs"  # /openapi.json, when --api-docs serves it
 
 
 class InternalAccess:
@@ -87,4 +89,5 @@ _PATHS = {
     Scope.STATS: "/v1/stats",
     Scope.METRICS: "/metrics",
     Scope.HEALTH: "the details of /health",
+    Scope.DOCS: "/openapi.json",
 }
