@@ -99,7 +99,7 @@ def _healthy(server: Server) -> None:
 def test_a_header_over_the_limit_gets_431_json(door: Server, size: int) -> None:
     # 20 kB arrives in one read (checked once parsed), 200 kB in several (refused incomplete)
     sock = _connect(door.url)
-    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
     status, body, _ = _status_and_json(_read_to_eof(sock))
     sock.close()
     assert status == 431
@@ -115,9 +115,11 @@ def test_a_header_under_the_limit_is_served(door: Server) -> None:
 
 def _half_request(i: int) -> bytes:
     if i % 2:  # request line and some headers
-        return b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        return (
+            b"POST /v1/generate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        )
     body = json.dumps(GENERATE).encode()
-    head = f"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = f"POST /v1/generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
     return head.encode() + body[: len(body) // 2]
 
 
@@ -173,9 +175,9 @@ def _wait_for_fds(server: Server, most: int, wait_s: float = 5.0) -> int:
 
 def test_a_kept_alive_connection_that_stalls_mid_request_is_dropped(door: Server) -> None:
     sock = _connect(door.url)
-    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert sock.recv(65536).startswith(b"HTTP/1.1 200")
-    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the next one, never finished
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")  # the next one, never finished
     t0 = time.monotonic()
     status, _, _ = _status_and_json(_read_to_eof(sock, timeout=TIMEOUT_S + 5))
     sock.close()
