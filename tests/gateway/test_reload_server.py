@@ -239,9 +239,20 @@ def test_two_admin_key_sources_are_refused(files: tuple[Path, Path]) -> None:
     assert "--admin-key-file, HEADRACE_ADMIN_KEY are all set" in done.stderr
 
 
+def engine_pid(server: Server) -> int:
+    pid: int = httpx.get(server.url + "/health", timeout=10).json()["replicas"]["tiny"][0]["pid"]
+    return pid
+
+
 def test_sighup_without_tenants_keeps_serving(model: Path, tmp_path: Path) -> None:
     for srv in serving(tiny_server_args(model), tmp_path):
         hang_up(srv, "nothing to reload")
         assert generate(srv, "any").status_code == 200
+        # A hangup of the whole process group reaches the engine process too: it stays.
+        core = engine_pid(srv)
+        os.kill(core, signal.SIGHUP)
+        for _ in range(5):
+            assert generate(srv, "any").status_code == 200
+        assert engine_pid(srv) == core and "restart" not in srv.log().lower()
         r = httpx.post(srv.url + "/admin/reload", timeout=30)
         assert r.status_code == 404 and "admin routes are off" in r.json()["error"]["message"]
