@@ -10,6 +10,11 @@ third of httpx's. While (b) runs, a prober times /health. Prints JSON.
 
     .venv/bin/python bench/http_overhead.py                       # Gemma 3 270M
     .venv/bin/python bench/http_overhead.py --model DIR --levels 1 8 32 --max-tokens 64
+    .venv/bin/python bench/http_overhead.py --src-b /tmp/old/src   # before/after, same turns
+
+With `--src-b` a second server runs another checkout's code beside this one's; its sides
+(`server_<client>_b`) take their turns with the others, so a change is measured against the
+code before it in the same run, on the same noise.
 """
 
 from __future__ import annotations
@@ -204,20 +209,27 @@ def server_runner(client: httpx.AsyncClient, one: OneRequest, pid: int, probe_s:
     return run
 
 
-async def compare(args: argparse.Namespace, url: str, pid: int) -> dict[str, dict[str, object]]:
+async def compare(
+    args: argparse.Namespace, servers: dict[str, tuple[str, int]]
+) -> dict[str, dict[str, object]]:
     """Engine and server take turns on each level (A B A B ...): the machine's noise hits both;
-    each side's median run counts."""
+    each side's median run counts. `servers`: a side-name suffix -> (url, pid)."""
     engine = await AsyncEngine.start(*configs(args), served_model_name="bench")
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    client = httpx.AsyncClient(base_url=url, timeout=600, limits=limits)
-    session = aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=256))
+    clients, sessions = [], []
     try:
-        probe_s = await health_cpu_s(client, pid)
-        ones = {"aiohttp": aiohttp_one(session, args.max_tokens),
-                "httpx": httpx_one(client, args.max_tokens)}  # fmt: skip
         sides = {"engine": engine_runner(engine, args.max_tokens)}
-        for name in args.clients:
-            sides[f"server_{name}"] = server_runner(client, ones[name], pid, probe_s)
+        probe_s = 0.0
+        for suffix, (url, pid) in servers.items():
+            client = httpx.AsyncClient(base_url=url, timeout=600, limits=limits)
+            session = aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=256))
+            clients.append(client)
+            sessions.append(session)
+            probe_s = probe_s or await health_cpu_s(client, pid)
+            ones = {"aiohttp": aiohttp_one(session, args.max_tokens),
+                    "httpx": httpx_one(client, args.max_tokens)}  # fmt: skip
+            for name in args.clients:
+                sides[f"server_{name}{suffix}"] = server_runner(client, ones[name], pid, probe_s)
         for run in sides.values():
             await run(2, prompts(4, 8))  # warm-up
         print(f"/health costs the server {probe_s * 1e6:.0f} us of CPU", file=sys.stderr)
@@ -233,8 +245,10 @@ async def compare(args: argparse.Namespace, url: str, pid: int) -> dict[str, dic
             out[str(n)] = level_summary(runs)
         return out
     finally:
-        await session.close()
-        await client.aclose()
+        for session in sessions:
+            await session.close()
+        for client in clients:
+            await client.aclose()
         await engine.close()
 
 
@@ -270,7 +284,10 @@ async def probe_health(url: str, done: asyncio.Event, every_s: float = 0.2) -> l
     return times
 
 
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    args: argparse.Namespace, src: str | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`headrace serve` of this checkout, or of the one whose src/ is `src`."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -283,7 +300,8 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str
         "warning",
     ]
     cmd += engine_flags(args)
-    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": src} if src else None
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
@@ -319,18 +337,24 @@ def main() -> None:
         "--clients", choices=["aiohttp", "httpx"], nargs="+", default=["aiohttp", "httpx"],
         help="the load's HTTP clients, a side each (they share the server's cores)",
     )  # fmt: skip
+    p.add_argument("--src-b", default=None, help="src/ of a second checkout to serve beside")
     args = p.parse_args()
-    proc, url = start_server(args)
+    procs = {"": start_server(args)}
+    if args.src_b:
+        procs["_b"] = start_server(args, args.src_b)
     try:
-        levels = asyncio.run(compare(args, url, proc.pid))
+        servers = {suffix: (url, proc.pid) for suffix, (proc, url) in procs.items()}
+        levels = asyncio.run(compare(args, servers))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        for proc, _ in procs.values():
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
     result = {
         "model": args.model or "gemma-3-270m (embedded)",
         "max_tokens": args.max_tokens,
         "prompt_words": args.prompt_words,
         "clients": args.clients,
+        "src_b": args.src_b,
         "cpus": os.cpu_count(),
         "levels": levels,
         "targets": {"server_vs_engine_at_32": 0.9, "health_p99_ms": 50},

@@ -162,7 +162,12 @@ class GatewayConfig:
         None, "most tokens (prompt + max_tokens) waiting; then 503 for a tenant at its share"
     )
     admin_key: str | None = _f(
-        None, "key that /metrics, /v1/stats and /v1/replica/* require (or admin_key_sha256)"
+        None, "key that /metrics, /v1/stats, /v1/replica/* and /admin/* require (or "
+        "admin_key_sha256); visible in the process list: prefer --admin-key-file or "
+        "HEADRACE_ADMIN_KEY",
+    )  # fmt: skip
+    admin_key_file: str | None = _f(
+        None, "file holding the admin key (read again on reload); instead of --admin-key"
     )
     replica_api: bool = _f(
         False, "without --tenants or an admin key: serve /v1/replica/* (to anyone) anyway"

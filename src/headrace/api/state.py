@@ -13,6 +13,7 @@ from headrace.api.errors import APIError
 from headrace.config import ServerConfig
 from headrace.engine.client import EngineClient
 from headrace.gateway.base import Gateway
+from headrace.gateway.reload import GatewayReloader
 from headrace.metrics.prometheus import Metrics
 
 
@@ -25,6 +26,7 @@ class AppState:
     loading: bool = False
     load_error: str | None = None
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
+    reloader: GatewayReloader | None = None  # SIGHUP and POST /admin/reload
 
     def engine_for(self, model: str | None) -> tuple[str, EngineClient]:
         """The engine serving `model`; no model means the first one."""

@@ -3,18 +3,23 @@ several, each with one or more replicas behind a router (`headrace.router.deploy
 
 The HTTP server comes up first and answers /health with 503 while the model loads in the
 background; one log line says when it is ready. SIGINT / SIGTERM: streams in flight get a final
-error event, engine processes are stopped, nothing is left running.
+error event, engine processes are stopped, nothing is left running. SIGHUP reloads the
+tenants file (`gateway/reload.py`); it never stops the server.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -36,7 +41,8 @@ from headrace.config import (
     add_config_args,
 )
 from headrace.gateway.base import Gateway, OpenGateway
-from headrace.gateway.setup import build_gateway, connect_gateway
+from headrace.gateway.reload import GatewayReloader
+from headrace.gateway.setup import connect_gateway, setup_gateway
 from headrace.metrics.tracing import otlp_tracer
 from headrace.router.deploy import ModelSpec, parse_model_specs, start_deployment
 from headrace.router.metrics import RouterMetrics
@@ -76,13 +82,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     _setup_logging(config.server.log_level)
     try:  # a bad tenants file stops the server before it loads anything
-        gateway = build_gateway(config.gateway)
+        gateway, reloader = setup_gateway(config.gateway, os.environ)
         name, replicas = config.model.served_model_name, config.router.replicas
         specs = parse_model_specs(models, name, replicas, served_name)
     except ValueError as e:
         log.error("%s", e)
         return 2
-    return serve(config, gateway, specs=specs, replica_urls=args.replica_url)
+    return serve(config, gateway, specs=specs, replica_urls=args.replica_url, reloader=reloader)
 
 
 def serve(
@@ -91,6 +97,7 @@ def serve(
     *,
     specs: list[ModelSpec] | None = None,
     replica_urls: list[str] | None = None,
+    reloader: GatewayReloader | None = None,
 ) -> int:
     """Run until a signal; 0 on a clean stop, 1 if the model failed to load."""
     model_cfg, server_cfg = config.model, config.server
@@ -134,6 +141,7 @@ def serve(
 
     app = build_app({}, gateway or OpenGateway(), server_cfg, loader=load)
     state = app.state.headrace
+    state.reloader = reloader
     connect_gateway(state.gateway, lambda: state.engines, state.metrics)
     state.metrics.add_collector(RouterMetrics(lambda: state.engines))
     if server_cfg.otlp_traces_endpoint is not None:
@@ -195,11 +203,34 @@ def served_name(model: str | None) -> str:
 
 class _Server(uvicorn.Server):
     """uvicorn's server, telling the app about a stop signal before it drains connections, so
-    that streams in flight end with an error event instead of holding the shutdown up."""
+    that streams in flight end with an error event instead of holding the shutdown up; and
+    reloading the tenants file on SIGHUP (whose default action would end the process)."""
 
     def __init__(self, config: uvicorn.Config, state: AppState) -> None:
         super().__init__(config)
         self.app_state = state
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            with super().capture_signals():  # signals reach the main thread only
+                yield
+            return
+        loop = asyncio.get_running_loop()  # uvicorn enters this from its `serve` coroutine
+        loop.add_signal_handler(signal.SIGHUP, self.handle_hangup)
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            loop.remove_signal_handler(signal.SIGHUP)
+
+    def handle_hangup(self) -> None:
+        """Runs on the event loop, between requests: the gateway swaps its tenants at once."""
+        reloader = self.app_state.reloader
+        if reloader is None:
+            log.warning("SIGHUP: nothing to reload (no gateway settings were given)")
+            return
+        reloader.reload()  # logs what it did, or why it refused
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         try:

@@ -43,6 +43,7 @@ def core_process_main(
 ) -> None:
     """Entry point of the core process: load the model, report ready, serve until told."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when we stop
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a hangup to the group reloads the front end
     if spec.model_config.engine_nice:
         # Model steps can take every core; a refusal or /health must not wait behind them.
         os.nice(spec.model_config.engine_nice)

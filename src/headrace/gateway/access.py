@@ -3,14 +3,15 @@
 The internal routes are what a front end or an operator uses, never a tenant:
 `/v1/replica/*` (run a request as any tenant, at any priority, past every limit), `/v1/stats`
 and `/metrics` (every model's and tenant's traffic), the details of `/health` (process ids,
-replica URLs) and, with `--api-docs`, `/openapi.json` (every route, the internal ones too). The
-rule:
+replica URLs), `/admin/*` (reload the tenants file) and, with `--api-docs`, `/openapi.json`
+(every route, the internal ones too). The rule:
 
 - **Guarded** (a tenants file, or an admin key, is set): all of them need the admin key. With a
   tenants file but no admin key configured at all they are refused (401) with a message telling
   the operator to set `--admin-key` or `admin_key_sha256`. `/health` still answers its status.
 - **Open** (neither): `/v1/stats`, `/metrics` and `/health` are open, as is everything else;
-  `/v1/replica/*` is off (404) unless `--replica-api` turns it on, open to anyone.
+  `/v1/replica/*` is off (404) unless `--replica-api` turns it on, open to anyone; `/admin/*`
+  is off (404).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Scope(enum.StrEnum):
     STATS = "stats"  # /v1/stats
     METRICS = "metrics"  # /metrics
     HEALTH = "health"  # the details of /health (its status is for everyone)
+    ADMIN = "admin"  # /admin/* (reload)
     DOCS = "docs"  # /openapi.json, when --api-docs serves it
 
 
@@ -61,6 +63,12 @@ class InternalAccess:
         """Raises GatewayError: 401 without the admin key where one is needed, 404 for the
         replica routes of an open server without `--replica-api`."""
         if not self.guarded:
+            if scope is Scope.ADMIN:  # nothing to administer: no tenants file, no admin key
+                raise GatewayError(
+                    404, "not_found_error",
+                    "the admin routes are off on this server: start it with --tenants or an "
+                    "admin key (--admin-key-file)",
+                )  # fmt: skip
             if scope is Scope.REPLICA and not self.replica_api:
                 raise GatewayError(
                     404, "not_found_error",
@@ -71,7 +79,8 @@ class InternalAccess:
         if self.locked_out:
             raise unauthenticated(
                 f"{_PATHS[scope]} needs the admin key, and this server has none: start it with "
-                "--admin-key KEY or set admin_key_sha256 in the tenants file"
+                "--admin-key-file FILE (or --admin-key, HEADRACE_ADMIN_KEY) or set "
+                "admin_key_sha256 in the tenants file"
             )
         if self.admin_keys.owner(key_from_headers(headers)) is None:
             raise unauthenticated(f"{_PATHS[scope]} needs the admin key")
@@ -89,5 +98,6 @@ _PATHS = {
     Scope.STATS: "/v1/stats",
     Scope.METRICS: "/metrics",
     Scope.HEALTH: "the details of /health",
+    Scope.ADMIN: "/admin/*",
     Scope.DOCS: "/openapi.json",
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,24 +53,44 @@ class TenantGateway:
         self.config = config
         self.clock = clock
         self.default_tenant = default_tenant or Tenant()
-        specs = config.tenants if config is not None else ()
-        # A tenant whose tenant entry and tier set no queue deadline gets the server's.
-        self.tenants = {s.name: _with_deadline(s.tenant(), default_queue_timeout_s) for s in specs}
-        self.limiters = {
-            s.name: TenantLimiter(s.name, s.tokens_per_minute, s.max_concurrent, clock)
-            for s in specs
-        }
-        self.keys = KeyStore((h, s.name) for s in specs for h in s.key_hashes)
-        admin = [hash_key(k) for k in admin_keys]
-        admin += list(config.admin_key_hashes) if config is not None else []
-        self.admin_keys = KeyStore((h, "admin") for h in admin)
-        self.access = InternalAccess(
-            self.admin_keys, tenants=config is not None, replica_api=replica_api
-        )
+        self.default_queue_timeout_s = default_queue_timeout_s
+        self.tenants: dict[str, Tenant] = {}
+        self.limiters: dict[str, TenantLimiter] = {}
+        self.access = InternalAccess(tenants=config is not None, replica_api=replica_api)
+        self.reload_listeners: list[Callable[[], None]] = []  # called after each reload
+        self._apply(config, admin_keys)
         self.shedder = LoadShedder(max_queued_requests, max_queued_tokens, clock)
         self.metrics = GatewayMetrics()
         self._tickets = itertools.count(1)
         self._open: dict[int, Ticket] = {}  # admitted, not yet released
+
+    def reload(self, config: TenantsConfig | None, admin_keys: Iterable[str] = ()) -> None:
+        """Swap in a reloaded tenants file (validated already) and admin keys in clear: keys,
+        tiers and limits apply to the next request; requests in flight keep their tenant and
+        reservation. A gateway started open stays open (`config` None)."""
+        self._apply(config if self.config is not None else None, admin_keys)
+        for listener in self.reload_listeners:
+            listener()
+
+    def _apply(self, config: TenantsConfig | None, admin_keys: Iterable[str]) -> None:
+        self.config = config
+        specs = config.tenants if config is not None else ()
+        # A tenant whose tenant entry and tier set no queue deadline gets the server's.
+        deadline = self.default_queue_timeout_s
+        self.tenants = {s.name: _with_deadline(s.tenant(), deadline) for s in specs}
+        limiters = {}
+        for s in specs:  # a kept tenant keeps its limiter: its bucket and requests in flight
+            limiter = self.limiters.get(s.name)
+            if limiter is None:
+                limiter = TenantLimiter(s.name, s.tokens_per_minute, s.max_concurrent, self.clock)
+            limiter.update(s.tokens_per_minute, s.max_concurrent)
+            limiters[s.name] = limiter
+        self.limiters = limiters
+        self.keys = KeyStore((h, s.name) for s in specs for h in s.key_hashes)
+        admin = [hash_key(k) for k in admin_keys]
+        admin += list(config.admin_key_hashes) if config is not None else []
+        self.admin_keys = KeyStore((h, "admin") for h in admin)
+        self.access.admin_keys = self.admin_keys
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs: object) -> TenantGateway:

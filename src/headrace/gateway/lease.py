@@ -55,6 +55,7 @@ class Lease:
 
     def __init__(self, limiter: TenantLimiter) -> None:
         self.limiter = limiter
+        self.limits = (limiter.tokens_per_minute, limiter.max_concurrent)  # what it was made for
         self.capacity = float(limiter.tokens_per_minute or 0)
         self.rate = self.capacity / 60.0
         self.tokens = 0.0  # ours to admit with

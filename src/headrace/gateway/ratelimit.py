@@ -90,6 +90,20 @@ class TenantLimiter:
         self.in_flight: dict[int, float] = {}  # ticket -> admission time
         self.avg_duration_s: float | None = None
 
+    def update(self, tokens_per_minute: int | None, max_concurrent: int | None) -> bool:
+        """New limits from a reloaded tenants file, for the requests admitted from now on;
+        those in flight keep their reservations (refunds go to the new bucket). Tokens spent
+        in the last minute stay spent. False if nothing changed."""
+        if (tokens_per_minute, max_concurrent) == (self.tokens_per_minute, self.max_concurrent):
+            return False
+        spent = self.bucket.capacity - self.bucket.level() if self.bucket is not None else 0.0
+        self.tokens_per_minute, self.max_concurrent = tokens_per_minute, max_concurrent
+        self.bucket = TokenBucket(tokens_per_minute, self.clock) if tokens_per_minute else None
+        if isinstance(self.bucket, TokenBucket):
+            self.bucket.take(min(self.bucket.capacity, max(0.0, spent)))
+        self.concurrency_cap = lambda: max_concurrent
+        return True
+
     def check(self, tokens: int = 1) -> None:
         """Raise 429 if a request of `tokens` (prompt + max_tokens) could not start now; with
         the default of 1 it is the cheap pre-check before tokenizing."""

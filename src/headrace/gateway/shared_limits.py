@@ -5,6 +5,11 @@ limiter reads a `Lease`, and one task settles all the leases with the `LimitsPoo
 If the pool cannot be reached (its actor died, the head is gone), admissions go on from what
 the leases hold and what was free at the last sync; the next sync creates the actor again
 (get-if-exists: the first front end to ask creates it, the others attach), with full buckets.
+
+A reload of the tenants file (`gateway.reload`) renews the leases: a tenant with unchanged
+limits keeps its lease, a new or changed one gets a new lease (the pool keys a tenant by its
+limits, so it draws from a new pool), a removed one's lease is dropped (the pool forgets it
+after `CLIENT_TIMEOUT_S`).
 """
 
 from __future__ import annotations
@@ -36,20 +41,40 @@ class SharedLimits:
 
     @classmethod
     async def start(cls, gateway: TenantGateway) -> SharedLimits:
-        limited = [
-            limiter for limiter in gateway.limiters.values()
-            if limiter.tokens_per_minute or limiter.max_concurrent
-        ]  # fmt: skip
-        shared = cls([Lease(limiter) for limiter in limited])
-        for lease in shared.leases:
-            lease.install()
+        shared = cls([])
+        shared.refresh(gateway)
         if shared.leases:
             await shared.sync()
-            shared._task = asyncio.create_task(shared._loop(), name="headrace-shared-limits")
+        shared._keep_syncing()
+        gateway.reload_listeners.append(lambda: shared.renew(gateway))
         return shared
 
+    def refresh(self, gateway: TenantGateway) -> None:
+        """A lease for each limited tenant of `gateway`, kept where its limits are unchanged."""
+        held = {id(lease.limiter): lease for lease in self.leases}
+        leases = []
+        for limiter in gateway.limiters.values():
+            if not (limiter.tokens_per_minute or limiter.max_concurrent):
+                continue
+            lease = held.get(id(limiter))
+            if lease is None or lease.limits != (limiter.tokens_per_minute, limiter.max_concurrent):
+                lease = Lease(limiter)
+                lease.install()
+            leases.append(lease)
+        self.leases = leases
+
+    def renew(self, gateway: TenantGateway) -> None:
+        """After a reload of `gateway`'s tenants file."""
+        self.refresh(gateway)
+        self._keep_syncing()
+
+    def _keep_syncing(self) -> None:
+        if self.leases and self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="headrace-shared-limits")
+
     async def sync(self) -> None:
-        messages = [lease.outgoing() for lease in self.leases]
+        leases = self.leases  # a reload may replace the list while the actor answers
+        messages = [lease.outgoing() for lease in leases]
         try:
             if self._actor is None:
                 self._actor = await asyncio.to_thread(_pool_actor)
@@ -63,7 +88,7 @@ class SharedLimits:
         if self._failing:
             log.warning("the shared tenant limits are reachable again")
         self._failing = False
-        for lease, grant in zip(self.leases, grants, strict=True):
+        for lease, grant in zip(leases, grants, strict=True):
             lease.apply(grant)
 
     async def _loop(self) -> None:
