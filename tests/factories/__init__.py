@@ -8,6 +8,7 @@
 - `factories.engine`: the fake runner, schedulers, requests and `FakeCore` for engine tests.
 - `factories.servers`: real `headrace serve` processes on 127.0.0.1 and readers of their
   metrics, SSE streams and stats.
+- `factories.processes`: one call made at the same moment by several threads or processes.
 
 The stand-in `EngineClient`s for in-process tests are in `fake_engine.py`.
 """

@@ -19,11 +19,11 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch  # noqa: F401  (loaded first: the library then shares torch's OpenMP runtime)
 
+from headrace.cache_files import clear_temps, locked, publish, temp_path
 from headrace.paths import cache_root
 
 log = logging.getLogger(__name__)
@@ -76,25 +76,47 @@ def _built(compiler: str, flags: list[str] = FLAGS) -> Path:
     ident = source + compiler.encode() + " ".join(flags).encode() + _cpu_flags().encode()
     key = hashlib.sha256(ident).hexdigest()[:16]
     target = cache_root() / "kernels" / f"cpu_kernels-{key}.so"
-    if target.exists():
+    if _intact(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: replicas starting together never load a half file.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
+    # Replicas starting together: one compiles, the others wait for its library.
+    with locked(target):
+        if not _intact(target):
+            _compile(compiler, flags, target)
+    return target
+
+
+def _intact(target: Path) -> bool:
+    """Whether the library is the one built: loading one cut short kills the process (SIGBUS).
+    Its sha256 (~90 KB) costs well under a millisecond."""
+    try:
+        digest = hashlib.sha256(target.read_bytes()).hexdigest()
+        return digest == _digest_file(target).read_text()
+    except OSError:
+        return False
+
+
+def _compile(compiler: str, flags: list[str], target: Path) -> None:
+    clear_temps(target)
+    clear_temps(_digest_file(target))
+    tmp, tmp_digest = temp_path(target), temp_path(_digest_file(target))
     try:
         subprocess.run(
-            [compiler, *flags, "-o", tmp, *map(str, SOURCES), "-lm"],
+            [compiler, *flags, "-o", str(tmp), *map(str, SOURCES), "-lm"],
             check=True,
             capture_output=True,
             timeout=120,
         )
-        os.replace(tmp, target)
+        tmp_digest.write_text(hashlib.sha256(tmp.read_bytes()).hexdigest())
+        publish(tmp_digest, _digest_file(target))
+        publish(tmp, target)  # a process that loaded the old file keeps it
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
+        tmp_digest.unlink(missing_ok=True)
     log.info("built CPU kernels %s", target)
-    return target
+
+
+def _digest_file(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
 
 
 def _cpu_flags() -> str:
