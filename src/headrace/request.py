@@ -86,6 +86,10 @@ class SamplingParams:
     min_p: float = 0.0
     min_tokens: int = 0  # EOS and stop_token_ids banned until this many tokens exist
     bad_words: tuple[tuple[int, ...], ...] = ()  # token-id sequences (tokenized by the front end)
+    # The last this many prompt tokens are the request's own output of an earlier attempt (a
+    # stream resumed on another replica, router/resume.py): bad_words and the presence and
+    # frequency penalties count them as generated.
+    prior_output_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -104,6 +108,7 @@ class SamplingParams:
         if self.seed is not None:
             _check_int("seed", self.seed, -(1 << 63), (1 << 64) - 1)
         _check_int("seed_offset", self.seed_offset, 0, _MAX_INT)
+        _check_int("prior_output_tokens", self.prior_output_tokens, 0, _MAX_INT)
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) for s in self.stop):
             raise ValueError(f"stop must be a tuple of strings, got {self.stop!r}")
         if not isinstance(self.stop_token_ids, tuple):

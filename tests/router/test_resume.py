@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -111,6 +112,7 @@ def test_a_resumed_stream_equals_an_undisturbed_run(seed: int | None) -> None:
     (prompt, resumed), sent = other.requests[0], tokens_of(chunks)[:4]
     assert prompt == PROMPT + sent and resumed.max_tokens == 6
     assert resumed.seed_offset == (4 if seed is not None else 0)
+    assert resumed.prior_output_tokens == 4  # bad_words and penalties see the tokens sent
 
 
 def test_text_the_dead_replica_held_back_is_sent_at_the_seam() -> None:
@@ -143,15 +145,20 @@ def test_resumes_are_bounded() -> None:
     assert router.resumes == 1 and not engines[2].requests
 
 
-def test_no_resume_with_a_grammar_or_penalties() -> None:
-    for params in (
-        SamplingParams(max_tokens=10, grammar='start: "a"'),
-        SamplingParams(max_tokens=10, frequency_penalty=0.5),
-    ):
-        other = ModelEngine()
-        router, chunks = run([ModelEngine(die_after=2), other], params)
-        assert chunks[-1].finish_reason is FinishReason.ERROR
-        assert router.resumes == 0 and not other.requests
+def test_no_resume_with_a_grammar() -> None:
+    params = SamplingParams(max_tokens=10, grammar='start: "a"')
+    other = ModelEngine()
+    router, chunks = run([ModelEngine(die_after=2), other], params)
+    assert chunks[-1].finish_reason is FinishReason.ERROR
+    assert router.resumes == 0 and not other.requests
+
+
+def test_penalties_resume_counting_the_tokens_sent() -> None:
+    params = SamplingParams(max_tokens=10, temperature=0.0, frequency_penalty=0.5)
+    other = ModelEngine()
+    router, chunks = run([ModelEngine(die_after=3), other], params)
+    assert chunks[-1].finish_reason is FinishReason.LENGTH and len(tokens_of(chunks)) == 10
+    assert router.resumes == 1 and other.requests[0][1].prior_output_tokens == 3
 
 
 def test_a_stream_waits_for_its_only_replica_to_come_back() -> None:
@@ -173,6 +180,23 @@ def test_a_stream_waits_for_its_only_replica_to_come_back() -> None:
 
     chunks = asyncio.run(collect())
     assert tokens_of(chunks) == tokens_of(reference) and router.resumes == 1
+
+
+def test_a_stream_waiting_for_a_replica_ends_at_its_deadline() -> None:
+    engine = ModelEngine(die_after=2)
+    router = Router("m", [Replica("m/0", engine)], RouterConfig(resume_wait_s=6.0))
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+
+    async def collect() -> tuple[list[GenerationChunk], float]:
+        t0 = time.monotonic()
+        options = GenerateOptions(timeout_s=1.0)
+        chunks = [c async for c in router.generate("r", PROMPT, params, options)]
+        return chunks, time.monotonic() - t0
+
+    chunks, elapsed = asyncio.run(collect())
+    assert chunks[-1].finish_reason is FinishReason.TIMEOUT and len(tokens_of(chunks)) == 2
+    assert 0.9 < elapsed < 3.0, elapsed  # its 1 s timeout, not the 6 s resume wait
+    assert chunks[-1].completion_tokens == 2 and not router._between
 
 
 def test_an_abort_while_the_stream_waits_for_a_replica_ends_it() -> None:

@@ -56,6 +56,7 @@ class WireParams(BaseModel):
     bad_words: list[TokenSequence] = Field(
         default_factory=list, max_length=MAX_BAD_WORD_SEQUENCES
     )  # token-id sequences, tokenized by the front end
+    prior_output_tokens: int = Field(default=0, ge=0, le=2**31 - 1)  # a resumed stream's
 
     @field_validator("min_tokens")
     @classmethod

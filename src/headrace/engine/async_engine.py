@@ -21,6 +21,7 @@ from pathlib import Path
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.client import GenerateOptions, GenerationChunk
 from headrace.engine.core_connection import CoreConnection
+from headrace.engine.core_link import CoreBusyError
 from headrace.engine.core_loop import CoreSpec, QueueFactory, RunnerFactory
 from headrace.engine.limits import check_fits
 from headrace.engine.messages import (
@@ -38,7 +39,7 @@ from headrace.engine.tokenizer import Tokenizer
 from headrace.loader.cache import resolve_model
 from headrace.loader.errors import ModelLoadError
 from headrace.loader.tokenizer import load_tokenizer
-from headrace.request import SamplingParams
+from headrace.request import FinishReason, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,19 @@ class AsyncEngine:
             from headrace.engine.core_proc import ProcessCore
 
             conn = ProcessCore(spec, served_model_name)
+        return await cls.open(conn, tokenizer, startup_timeout_s)
+
+    @classmethod
+    async def open(
+        cls,
+        conn: CoreConnection,
+        tokenizer: Tokenizer | None = None,
+        startup_timeout_s: float | None = None,
+    ) -> AsyncEngine:
+        """Start the core of a connection made here (e.g. a `ProcessCore` with its own link
+        limits) and wait for it; `start` does the rest."""
         engine = cls(conn)
+        model_config = conn.spec.model_config
         try:
             await asyncio.wait_for(engine._start(model_config, tokenizer), startup_timeout_s)
         except BaseException:
@@ -213,9 +226,13 @@ class AsyncEngine:
         if self.failure is not None:
             yield stream.text.fail(self.failure)
             return
+        try:
+            self._conn.send(core_request)
+        except CoreBusyError as e:  # refused now rather than queued without bound
+            yield stream.text.fail(str(e), FinishReason.OVERLOADED)
+            return
         self._streams[request_id] = stream
         self._by_core_id[stream.core_id] = request_id
-        self._conn.send(core_request)
         try:
             while True:
                 chunk = await stream.chunks.get()

@@ -5,14 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from headrace.engine.core_loop import CoreSpec
 from headrace.engine.messages import FromCore, ToCore
 
 
 class CoreConnection(Protocol):
     """`start` launches the core; every message it sends, `CoreReady` (or `CoreFailed`) first,
     arrives through `on_message` on the event loop; `on_death` is called once if the core goes
-    away without being closed. `send` never blocks.
+    away without being closed. `send` never blocks and never drops a message: one the core
+    cannot take yet waits, in order; only a new request may be refused at once
+    (`core_link.CoreBusyError`) when too many wait.
     """
+
+    spec: CoreSpec
 
     @property
     def is_alive(self) -> bool: ...

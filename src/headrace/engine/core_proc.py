@@ -3,7 +3,7 @@
 Two PUSH/PULL pairs of ipc:// sockets in a private temp dir carry the messages of `messages`,
 as MessagePack. The front end binds both, so a core that dies and a new one that starts later
 need nothing but a new process; the front end learns of a death at once from the process
-sentinel.
+sentinel. Neither side drops a message when the other is slow (`core_link`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,22 @@ import shutil
 import signal
 import tempfile
 import traceback
+from collections import deque
 from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
 
+from headrace.engine.core_link import (
+    FRONT_END_STUCK_EXIT,
+    CoreBusyError,
+    CoreLink,
+    FrontEndStuckError,
+)
 from headrace.engine.core_loop import CoreSpec, run_core_loop
 from headrace.engine.messages import (
     CoreFailed,
+    EngineCoreRequest,
     FromCore,
     Shutdown,
     ToCore,
@@ -36,10 +44,16 @@ from headrace.engine.messages import (
 log = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 5.0
+_FLUSH_POLL_S = (0.001, 0.05)  # a full inbox is retried this often, backing off
 
 
 def core_process_main(
-    spec: CoreSpec, served_model_name: str | None, in_addr: str, out_addr: str, parent_pid: int
+    spec: CoreSpec,
+    served_model_name: str | None,
+    in_addr: str,
+    out_addr: str,
+    parent_pid: int,
+    link: CoreLink | None = None,
 ) -> None:
     """Entry point of the core process: load the model, report ready, serve until told."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when we stop
@@ -51,14 +65,23 @@ def core_process_main(
     # The runner's load-time choices (KV blocks, int8 projections): a few lines a start, and
     # the only place a server's log says which kernels it took.
     logging.getLogger("headrace.engine.model_runner").setLevel(logging.INFO)
+    link = link or CoreLink()
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
+    link.receiver(inbox)
     inbox.connect(in_addr)
     outbox = ctx.socket(zmq.PUSH)
+    link.sender(outbox)
+    outbox.setsockopt(zmq.SNDTIMEO, int(link.out_timeout_s * 1000))
     outbox.connect(out_addr)
 
     def send(msg: FromCore) -> None:
-        outbox.send(encode(msg))
+        try:
+            outbox.send(encode(msg))
+        except zmq.Again:
+            raise FrontEndStuckError(
+                f"the front end took no output for {link.out_timeout_s:g} s"
+            ) from None
 
     def recv(timeout: float) -> list[ToCore]:
         msgs: list[ToCore] = []
@@ -80,6 +103,9 @@ def core_process_main(
             return
         send(core.ready_message(served_model_name))
         run_core_loop(core, recv, send, should_stop=lambda: os.getppid() != parent_pid)
+    except FrontEndStuckError as e:
+        log.error("%s: the engine core stops", e)
+        raise SystemExit(FRONT_END_STUCK_EXIT) from None
     finally:
         outbox.close(linger=1000)
         inbox.close(linger=0)
@@ -89,16 +115,23 @@ def core_process_main(
 class ProcessCore:
     """The front end's side of a core process."""
 
-    def __init__(self, spec: CoreSpec, served_model_name: str | None = None) -> None:
+    def __init__(
+        self, spec: CoreSpec, served_model_name: str | None = None, link: CoreLink | None = None
+    ) -> None:
         self.spec = spec
         self.served_model_name = served_model_name
+        self.link = link or CoreLink()
         self.proc: multiprocessing.process.BaseProcess | None = None
         self._dir = tempfile.mkdtemp(prefix="headrace-core-")
         self._sync_ctx = zmq.Context()
         self._async_ctx = zmq.asyncio.Context()
         self._inbox = self._sync_ctx.socket(zmq.PUSH)  # the core's inbox
+        self.link.sender(self._inbox)
         self._outbox = self._async_ctx.socket(zmq.PULL)  # the core's outbox
+        self.link.receiver(self._outbox)
         self._recv_task: asyncio.Task[None] | None = None
+        self._pending: deque[bytes] = deque()  # what the core's full inbox did not take yet
+        self._flush_task: asyncio.Task[None] | None = None
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -120,7 +153,7 @@ class ProcessCore:
         ctx = multiprocessing.get_context("spawn")
         self.proc = ctx.Process(
             target=core_process_main,
-            args=(self.spec, self.served_model_name, in_addr, out_addr, os.getpid()),
+            args=(self.spec, self.served_model_name, in_addr, out_addr, os.getpid(), self.link),
             name="headrace-engine-core",
             daemon=True,
         )
@@ -129,13 +162,48 @@ class ProcessCore:
         self._loop.add_reader(self.proc.sentinel, self._on_exit, on_death)
         self._recv_task = asyncio.create_task(self._receive(on_message))
 
+    @property
+    def num_pending(self) -> int:
+        """Messages waiting for room in the core's inbox."""
+        return len(self._pending)
+
     def send(self, msg: ToCore) -> None:
+        """Sent now, or queued in order behind what waits already; raises CoreBusyError for
+        a new request when `link.pending_limit` messages wait."""
         if self._closing or not self.is_alive:
             return
+        data = encode(msg)
+        if not self._pending and self._try_send(data):
+            return
+        if isinstance(msg, EngineCoreRequest) and len(self._pending) >= self.link.pending_limit:
+            raise CoreBusyError(
+                f"the engine core is not taking requests ({len(self._pending)} messages wait "
+                "for it); try again later"
+            )
+        if not self._pending:
+            log.warning("the engine core's inbox is full: holding messages until it reads")
+        self._pending.append(data)
+        if self._flush_task is None or self._flush_task.done():
+            assert self._loop is not None
+            self._flush_task = self._loop.create_task(self._flush())
+
+    def _try_send(self, data: bytes) -> bool:
         try:
-            self._inbox.send(encode(msg), zmq.NOBLOCK)
+            self._inbox.send(data, zmq.NOBLOCK)
         except zmq.Again:
-            log.warning("engine core is not taking messages; dropped %s", type(msg).__name__)
+            return False
+        return True
+
+    async def _flush(self) -> None:
+        """Send what waits, in order, as fast as the core takes it."""
+        delay = _FLUSH_POLL_S[0]
+        while self._pending:
+            if self._try_send(self._pending[0]):
+                self._pending.popleft()
+                delay = _FLUSH_POLL_S[0]
+            else:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _FLUSH_POLL_S[1])
 
     async def close(self) -> None:
         if self._closing:
@@ -150,10 +218,12 @@ class ProcessCore:
                 log.warning("engine core did not stop in %.0f s; killing it", _SHUTDOWN_GRACE_S)
                 proc.kill()
                 await asyncio.to_thread(proc.join, _SHUTDOWN_GRACE_S)
-        if self._recv_task is not None:
-            self._recv_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._recv_task
+        for task in (self._recv_task, self._flush_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._pending.clear()
         self._inbox.close(linger=0)
         self._outbox.close(linger=0)
         self._sync_ctx.term()
@@ -176,6 +246,7 @@ class ProcessCore:
             return
         assert self.proc is not None
         self.proc.join(0)
+        self._pending.clear()  # nobody will read them: the front end fails every request
         on_death(f"the engine core process exited (code {self.proc.exitcode})")
 
     def _remove_reader(self) -> None:

@@ -20,7 +20,14 @@ def logits_inputs(req: Request) -> LogitsInputs | None:
     if not (banned or p.uses_output_history or p.logit_bias):
         return None
     return LogitsInputs(
-        output_token_ids=list(req.output_token_ids) if p.uses_output_history else [],
+        output_token_ids=_history(req) if p.uses_output_history else [],
         prompt_token_ids=req.prompt_token_ids if p.repetition_penalty != 1 else [],
         banned_token_ids=banned,
     )
+
+
+def _history(req: Request) -> list[int]:
+    """The tokens generated so far, those of a resumed stream's earlier attempts included."""
+    prior = min(req.params.prior_output_tokens, len(req.prompt_token_ids))
+    earlier = req.prompt_token_ids[len(req.prompt_token_ids) - prior :] if prior else []
+    return earlier + list(req.output_token_ids)

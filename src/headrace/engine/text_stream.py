@@ -64,14 +64,15 @@ class RequestTextStream:
             cached_tokens=self.cached_tokens,
         )
 
-    def fail(self, error: str) -> GenerationChunk:
-        """End the stream with an error (the core died or refused the request)."""
+    def fail(self, error: str, reason: FinishReason = FinishReason.ERROR) -> GenerationChunk:
+        """End the stream with an error (the core died or refused the request; `OVERLOADED`:
+        the core could not take it now)."""
         self.finished = True
         return GenerationChunk(
             request_id=self.request_id,
             text="",
             token_ids=[],
-            finish_reason=FinishReason.ERROR,
+            finish_reason=reason,
             prompt_tokens=self.num_prompt_tokens,
             completion_tokens=self.num_output_tokens,
             error=error,

@@ -26,3 +26,12 @@ def time_left_since(opts: GenerateOptions, t0: float) -> GenerateOptions:
     return dataclasses.replace(
         opts, timeout_s=left(opts.timeout_s), queue_timeout_s=left(opts.queue_timeout_s)
     )
+
+
+def deadline_of(opts: GenerateOptions, t0: float) -> float | None:
+    """When the whole request times out (`time.monotonic()`), counted from its arrival (or
+    from `t0`, its arrival at the router); None: it has no timeout."""
+    if opts.timeout_s is None:
+        return None
+    start = opts.arrival_time if opts.arrival_time is not None else t0
+    return start + opts.timeout_s

@@ -9,8 +9,12 @@ one stream: usage counts the original prompt and every token it received, text t
 replica had decoded but held back (a possible stop string, an unfinished word) is sent at the
 resume, and stop strings are also matched across the seam.
 
-Not resumable (they end with the error, as before): requests with a grammar or presence or
-frequency penalties, whose state lives in the dead engine and cannot be rebuilt from a prompt.
+The tokens sent so far are marked as the request's own output (`prior_output_tokens`), so that
+bad_words and the presence and frequency penalties of the continuation count them: a bad word
+begun before the failover is not completed after it.
+
+Not resumable (they end with the error, as before): requests with a grammar, whose state lives
+in the dead engine and cannot be rebuilt from a prompt.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class ResumableStream:
             max_tokens=p.max_tokens - n,
             min_tokens=max(p.min_tokens - n, 0),
             seed_offset=p.seed_offset + n if p.seed is not None else p.seed_offset,
+            prior_output_tokens=p.prior_output_tokens + n,
         )
         return self.prompt_ids + self.sent_ids, params
 
@@ -67,8 +72,6 @@ class ResumableStream:
             return f"resumed {self.resumes} time(s) already (--max-resumes {self.max_resumes})"
         if p.grammar is not None:
             return "a grammar's state cannot be rebuilt from a prompt"
-        if p.presence_penalty or p.frequency_penalty:
-            return "presence/frequency penalties count the tokens the dead replica generated"
         if len(self.sent_ids) >= p.max_tokens:
             return "it had all its tokens"
         return None

@@ -6,7 +6,8 @@ left). If that replica fails before the request streamed anything (its process d
 server went away), the request is sent to another replica, each at most once. If it fails
 after, the stream is resumed on another replica from the prompt plus the tokens already sent
 (`resume.py`, at most `max_resumes` times, waiting up to `resume_wait_s` for a replica in
-rotation): the caller sees a pause, not an error. A replica that fails leaves the rotation at
+rotation, and never past the request's own timeout, which ends it with finish reason
+`timeout`): the caller sees a pause, not an error. A replica that fails leaves the rotation at
 once; the supervisor brings it back.
 """
 
@@ -26,7 +27,7 @@ from headrace.engine.messages import StepStats
 from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.attempt import Attempt
-from headrace.router.deadlines import time_left_since
+from headrace.router.deadlines import deadline_of, time_left_since
 from headrace.router.load import sum_stats
 from headrace.router.policies import make_policy
 from headrace.router.prefix_index import prefix_hashes
@@ -152,14 +153,18 @@ class Router:
     ) -> AsyncGenerator[GenerationChunk, None]:
         """The request's attempts, one replica after another, as one stream."""
         t0 = time.monotonic()
+        deadline = deadline_of(opts, t0)
         tried: set[int] = set()
         failure: GenerationChunk | None = None
         while True:
-            replica = await self._next_replica(request_id, len(ids), tried, hashes)
+            replica = await self._next_replica(request_id, len(ids), tried, hashes, deadline)
             if self._between.pop(request_id, False):  # aborted while it waited
                 yield stream.deliver(_end_chunk(request_id, FinishReason.ABORT))
                 return
             if replica is None:
+                if failure is not None and _past(deadline):  # as the engine ends it
+                    yield stream.deliver(_end_chunk(request_id, FinishReason.TIMEOUT))
+                    return
                 if failure is not None:
                     yield stream.deliver(_for_caller(request_id, failure))
                     return
@@ -203,12 +208,19 @@ class Router:
         return True
 
     async def _next_replica(
-        self, request_id: str, prompt_tokens: int, tried: set[int], hashes: list[bytes]
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        tried: set[int],
+        hashes: list[bytes],
+        request_deadline: float | None,
     ) -> Replica | None:
         """The replica for the next attempt; a stream to resume waits for one a while (until
-        it is aborted)."""
+        it is aborted, or the request's own deadline)."""
         replica = self._choose(prompt_tokens, tried, hashes)
         deadline = time.monotonic() + self.config.resume_wait_s
+        if request_deadline is not None:
+            deadline = min(deadline, request_deadline)
 
         def waits() -> bool:
             resuming = self._between.get(request_id) is False  # False: not aborted
@@ -267,6 +279,10 @@ class Router:
             **({"autoscaler": self.autoscaler.describe()} if self.autoscaler else {}),
             "replicas": [r.describe() for r in self.replicas],
         }
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
 
 
 def _end_chunk(request_id: str, reason: FinishReason) -> GenerationChunk:
