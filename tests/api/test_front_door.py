@@ -301,7 +301,7 @@ def test_many_short_messages_render_off_the_event_loop() -> None:
 def test_front_door_settings_are_validated() -> None:
     bad_values: list[dict[str, Any]] = [
         {"header_timeout_s": 0}, {"body_timeout_s": -1}, {"max_connections": 0},
-        {"http_parser": "picohttp"},
+        {"http_parser": "picohttp"}, {"send_timeout_s": 0},
     ]  # fmt: skip
     for bad in bad_values:
         with pytest.raises(ValueError):
