@@ -106,6 +106,9 @@ class ServerConfig:
     header_timeout_s: float = _f(30.0, "a request's line and headers must arrive within this, s")
     body_timeout_s: float = _f(60.0, "a request's body must arrive within this after its head, s")
     max_connections: int = _f(1000, "most open client connections; more get 503 with Retry-After")
+    send_timeout_s: float = _f(
+        30.0, "a client that reads none of a response for this long is dropped, s"
+    )
     http_parser: str = _f("httptools", "httptools (C) | h11 (pure Python): parses requests")
     log_level: str = _f("info", "debug | info | warning | error")
     otlp_traces_endpoint: str | None = _f(
@@ -135,8 +138,8 @@ class ServerConfig:
                 raise ValueError(f"allowed_hosts: {host!r} is not a host name")
         if min(self.max_body_bytes, self.max_header_bytes, self.max_connections) < 1:
             raise ValueError("body and header sizes and max_connections must be positive")
-        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
-            raise ValueError("header_timeout_s and body_timeout_s must be positive")
+        if min(self.header_timeout_s, self.body_timeout_s, self.send_timeout_s) <= 0:
+            raise ValueError("header_timeout_s, body_timeout_s and send_timeout_s must be positive")
         if self.http_parser not in ("httptools", "h11"):
             raise ValueError(f"unknown http_parser {self.http_parser!r}: httptools or h11")
         endpoint = self.otlp_traces_endpoint

@@ -1,6 +1,6 @@
 """The HTTP server's own limits, against a real `headrace serve` on 127.0.0.1: header size (431),
-header and body deadlines (a half-sent request is dropped), a connection cap (503), and large
-chat bodies rendered off the event loop."""
+header and body deadlines (a half-sent request is dropped), a connection cap (503 at accept
+time), and large chat bodies rendered off the event loop."""
 
 from __future__ import annotations
 
@@ -200,6 +200,36 @@ def test_connections_over_the_cap_get_503_and_service_continues_under_it(
             sock.close()
 
 
+def test_a_connection_over_the_cap_is_refused_at_once_and_holds_no_descriptor(
+    capped: Server,
+) -> None:
+    held = [_connect(capped.url) for _ in range(CAP)]
+    try:
+        for sock in held:  # answered, so accepted and counted; then idle, kept alive for 30 s
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        before = _open_fds(capped)
+        t0 = time.monotonic()
+        extra = _connect(capped.url)  # sends nothing: the 503 does not wait for a request
+        status, body, headers = _status_and_json(_read_to_eof(extra, timeout=10.0))
+        waited = time.monotonic() - t0
+        extra.close()
+        assert status == 503 and headers["retry-after"] == "1", (status, body)
+        assert body["error"]["type"] == "overloaded_error"
+        assert waited < 3.0  # the answer and the close: the header timeout is 30 s
+        idle = [_connect(capped.url) for _ in range(40)]  # open, unread, never closed by us
+        try:
+            assert _wait_for_fds(capped, before + 2, wait_s=5.0) <= before + 2
+        finally:
+            for sock in idle:
+                sock.close()
+        held.pop().close()
+        assert _first_status(capped, wait_s=3.0) == 200
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def _first_status(server: Server, wait_s: float) -> int:
     """The server notices a closed connection a moment later: retry 503s for a while."""
     end = time.monotonic() + wait_s
@@ -273,7 +303,7 @@ def test_many_short_messages_render_off_the_event_loop() -> None:
 def test_front_door_settings_are_validated() -> None:
     bad_values: list[dict[str, Any]] = [
         {"header_timeout_s": 0}, {"body_timeout_s": -1}, {"max_connections": 0},
-        {"http_parser": "picohttp"},
+        {"http_parser": "picohttp"}, {"send_timeout_s": 0},
     ]  # fmt: skip
     for bad in bad_values:
         with pytest.raises(ValueError):

@@ -117,9 +117,11 @@ _LLAMA_TOKENIZERS = {
 }
 
 
-def make_tiny_llama(path: Path, tokenizer: LlamaTokenizer = "chat", seed: int = 0) -> Path:
-    """A random-weight Llama (hidden 64, 2 layers): config.json, model.safetensors and the
-    tokenizer files in `path`."""
+def make_tiny_llama(
+    path: Path, tokenizer: LlamaTokenizer = "chat", seed: int = 0, max_positions: int = 512
+) -> Path:
+    """A random-weight Llama (hidden 64, 2 layers, a context of `max_positions`): config.json,
+    model.safetensors and the tokenizer files in `path`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     make, tok_config = _LLAMA_TOKENIZERS[tokenizer]
@@ -129,7 +131,8 @@ def make_tiny_llama(path: Path, tokenizer: LlamaTokenizer = "chat", seed: int = 
     config = LlamaConfig(
         vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, tie_word_embeddings=False, **_special_ids(tok, tok_config),
+        max_position_embeddings=max_positions, tie_word_embeddings=False,
+        **_special_ids(tok, tok_config),
     )  # fmt: skip
     LlamaForCausalLM(config).save_pretrained(path)
     return path

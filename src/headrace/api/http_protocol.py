@@ -1,9 +1,11 @@
 """uvicorn's HTTP/1.1 protocols with the limits of a server facing the open network: a deadline
 for a request's line and headers and another for its body (a client that sends half a request
-and stops is dropped, not held forever), a header size limit answered with 431, and a cap on
-open connections answered with 503 and Retry-After. Errors are JSON in OpenAI's shape, and a
-connection closed on an error while the client is still sending lingers (half-closed, its input
-drained) for a moment, so the client reads the answer instead of a reset.
+and stops is dropped, not held forever), one for a response's progress (a client that stops
+reading is dropped: `write_watch.py`), a header size limit answered with 431, and a cap on open
+connections: one past it is answered 503 with Retry-After as soon as it is accepted, so an idle
+one holds no descriptor for long. Errors are JSON in OpenAI's shape, and a connection closed on
+an error while the client is still sending lingers (half-closed, its input drained) for a
+moment, so the client reads the answer instead of a reset.
 
 The limits live in `_FrontDoor`, written once against a parser-neutral view of the request
 being read (`Reading`); each parser supplies only that view and how an error is written:
@@ -20,13 +22,14 @@ import enum
 import logging
 import resource
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Protocol, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from headrace.api.limits import HeaderSizeLimit, Refusal, error_response, header_too_large
+from headrace.api.limits import HeaderSizeLimit, error_response, header_too_large
+from headrace.api.write_watch import WriteWatch, drop
 from headrace.config import ServerConfig
 
 log = logging.getLogger("headrace.api")
@@ -43,21 +46,38 @@ class FrontDoorLimits:
     header_timeout_s: float
     body_timeout_s: float
     max_connections: int
+    send_timeout_s: float = 30.0
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> FrontDoorLimits:
         return cls(
             config.max_header_bytes, config.header_timeout_s, config.body_timeout_s,
-            config.max_connections,
+            config.max_connections, config.send_timeout_s,
         )  # fmt: skip
 
 
-def uvicorn_options(limits: FrontDoorLimits, parser: str = "httptools") -> dict[str, Any]:
-    """The `uvicorn.Config` arguments that put these limits in place, parsing with `parser`."""
+class Tally(Protocol):
+    """Where an event is counted (a prometheus-client Counter)."""
+
+    def inc(self) -> None: ...
+
+
+class _Uncounted:
+    def inc(self) -> None:
+        pass
+
+
+def uvicorn_options(
+    limits: FrontDoorLimits, parser: str = "httptools", send_timeouts: Tally | None = None
+) -> dict[str, Any]:
+    """The `uvicorn.Config` arguments that put these limits in place, parsing with `parser`;
+    `send_timeouts` counts the connections dropped for not reading."""
+    counter = send_timeouts or _Uncounted()
     if parser == "h11":
 
         class H11(H11FrontDoor):
             front_door = limits
+            send_timeouts = counter
 
         # h11 refuses a header still incomplete past this size; a whole one is HeaderSizeLimit's
         return {"http": H11, "h11_max_incomplete_event_size": limits.max_header_bytes}
@@ -66,6 +86,7 @@ def uvicorn_options(limits: FrontDoorLimits, parser: str = "httptools") -> dict[
 
     class HttpTools(HttpToolsFrontDoor):
         front_door = limits
+        send_timeouts = counter
 
     return {"http": HttpTools}
 
@@ -84,11 +105,13 @@ class _FrontDoor(asyncio.Protocol):
     `transport`, `connections` and `cycle`, and is what `super()` reaches)."""
 
     front_door: ClassVar[FrontDoorLimits]
+    send_timeouts: ClassVar[Tally] = _Uncounted()
     app: Any
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     connections: set[Any]
     cycle: Any
+    _writes: WriteWatch  # the send timeout
 
     # what the parser says
     def _reading(self) -> Reading:
@@ -116,14 +139,20 @@ class _FrontDoor(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.raw_transport = cast(asyncio.Transport, transport)
         super().connection_made(cast(asyncio.Transport, _LingeringClose(self.raw_transport, self)))
-        cap = self.front_door.max_connections
-        if self._admitted() > cap:  # answered once its request is read: a reply, not a reset
-            log.warning("refusing a connection: %d open, the limit is %d", self._admitted(), cap)
-            self.refused = True
-            message = f"the server has too many open connections (limit {cap}); retry later"
-            retry = [(b"retry-after", str(RETRY_AFTER_S).encode())]
-            self.app = Refusal(503, message, "overloaded_error", retry)
-        self._start("headers")
+        timeout = self.front_door.send_timeout_s
+        self._writes = WriteWatch(self.loop, self.raw_transport, timeout, self._send_timed_out)
+        if self._admitted() > self.front_door.max_connections:
+            self._refuse()
+        else:
+            self._start("headers")
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._writes.paused()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._writes.resumed()
 
     def data_received(self, data: bytes) -> None:
         if self.lingering:
@@ -139,6 +168,7 @@ class _FrontDoor(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop()
+        self._writes.stop()
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
@@ -159,11 +189,39 @@ class _FrontDoor(asyncio.Protocol):
         if not unread or not raw.can_write_eof():
             raw.close()
             return
+        self._linger()
+
+    def _linger(self) -> None:
+        raw = self.raw_transport
         self.lingering = True
         raw.write_eof()  # FIN after the answer; its EOF back (eof_received) closes us early
         raw.resume_reading()
         self._stop()
         self._timer = self.loop.call_later(LINGER_S, raw.close)
+
+    def _refuse(self) -> None:
+        """Past the connection cap: answer at once, before any request, and close; waiting for
+        its request would let idle connections past the cap hold descriptors."""
+        cap = self.front_door.max_connections
+        log.warning("refusing a connection: %d open, the limit is %d", self._admitted(), cap)
+        self.refused = True
+        message = f"the server has too many open connections (limit {cap}); retry later"
+        retry = [(b"retry-after", str(RETRY_AFTER_S).encode())]
+        headers, body = error_response(503, message, "overloaded_error", retry)
+        self.raw_transport.write(_answer(503, headers, body))
+        self._linger()  # the client may be sending its request: it reads the 503, not a reset
+
+    def _send_timed_out(self) -> None:
+        """The client read none of its response for the send timeout: drop the connection. The
+        route's pending `send` returns and its `receive` says the client is gone, so a stream
+        stops and aborts its engine request."""
+        log.info("dropping a connection: its client read nothing for %g s", self._writes.timeout_s)
+        self.send_timeouts.inc()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()  # before the send resumes: the stream sees it first
+        self._stop()
+        drop(self.raw_transport)
 
     def _admitted(self) -> int:
         return sum(1 for c in self.connections if isinstance(c, _FrontDoor) and not c.refused)
@@ -276,8 +334,7 @@ class HttpToolsFrontDoor(_FrontDoor, HttpToolsProtocol):
         return bool(self.cycle.response_started)
 
     def _write_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        head = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
-        self.transport.write(STATUS_LINE[status] + head + b"\r\n" + body)
+        self.transport.write(_answer(status, headers, body))
 
 
 class H11FrontDoor(_FrontDoor, H11Protocol):
@@ -300,6 +357,11 @@ class H11FrontDoor(_FrontDoor, H11Protocol):
         response = h11.Response(status_code=status, headers=headers, reason=STATUS_PHRASES[status])
         for event in (response, h11.Data(data=body), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event) or b"")
+
+
+def _answer(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+    head = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+    return STATUS_LINE[status] + head + b"\r\n" + body
 
 
 class _LingeringClose:

@@ -69,17 +69,6 @@ class HeaderSizeLimit:
         await self.app(scope, receive, send)
 
 
-class Refusal:
-    """An ASGI app that answers every request with one error and closes the connection."""
-
-    def __init__(self, status: int, message: str, type: str, headers: Headers = ()) -> None:
-        self.status, self.message, self.type = status, message, type
-        self.headers = list(headers)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await refuse(send, self.status, self.message, type=self.type, headers=self.headers)
-
-
 def header_bytes(scope: Scope) -> int:
     """The request line and headers as they came on the wire, give or take some whitespace."""
     line = len(scope["method"]) + len(scope.get("raw_path", b"")) + len(scope["query_string"])

@@ -4,7 +4,8 @@ Every event is `data: <json>\\n\\n`; a stream ends with `data: [DONE]\\n\\n`. An
 stream started is an `{"error": {...}}` event followed by `[DONE]`.
 
 `SSEResponse` drives an async generator of events and, alongside, waits for the client's
-`http.disconnect`. Whichever way the stream ends — finished, client gone, server shutting
+`http.disconnect` (a client gone, or one dropped for reading nothing: the send timeout of
+`http_protocol`). Whichever way the stream ends — finished, client gone, server shutting
 down — the generator is closed (`aclose`), so its `finally` aborts the engine request at once
 rather than when the garbage collector gets to it.
 """
@@ -64,8 +65,8 @@ class SSEResponse(Response):
         raw = [(b"content-type", b"text/event-stream; charset=utf-8")]
         raw += [(k.lower().encode(), v.encode()) for k, v in self.extra_headers.items()]
         await send({"type": "http.response.start", "status": 200, "headers": raw})
-        producer = asyncio.ensure_future(self._pump(send))
         watchers = [asyncio.ensure_future(wait_for_disconnect(receive))]
+        producer = asyncio.ensure_future(self._pump(send, gone=watchers[0]))
         if self.on_shutdown is not None:
             watchers.append(asyncio.ensure_future(self.on_shutdown()))
         try:
@@ -79,9 +80,11 @@ class SSEResponse(Response):
                 await _cancel(task)
             await self.events.aclose()  # runs the generator's finally: engine abort, release
 
-    async def _pump(self, send: Send) -> None:
+    async def _pump(self, send: Send, gone: asyncio.Future[None]) -> None:
         try:
             async for event in self.events:
+                if gone.done():  # uvicorn drops sends to a closed connection without a word:
+                    return  # stop here, or the events already queued are all taken (and lost)
                 await send({"type": "http.response.body", "body": event, "more_body": True})
         except OSError:  # the socket went away under us
             return

@@ -155,7 +155,10 @@ def serve(
         front_door(app), host=server_cfg.host, port=server_cfg.port, workers=1, lifespan="on",
         log_level=server_cfg.log_level, access_log=server_cfg.log_level == "debug",
         timeout_graceful_shutdown=5, timeout_keep_alive=30, loop="uvloop",
-        **uvicorn_options(FrontDoorLimits.from_config(server_cfg), server_cfg.http_parser),
+        **uvicorn_options(
+            FrontDoorLimits.from_config(server_cfg), server_cfg.http_parser,
+            state.metrics.send_timeouts,
+        ),
     )  # fmt: skip
     server = _Server(uv_config, app.state.headrace)
     try:

@@ -83,6 +83,11 @@ class Metrics:
             PREFIX + "request_success", "Finished requests by finish reason.",
             ["model_name", "finish_reason"], registry=r,
         )  # fmt: skip
+        self.send_timeouts = Counter(
+            PREFIX + "http_send_timeouts",
+            "Connections dropped because the client read none of a response for --send-timeout-s.",
+            registry=r,
+        )
         self.window = RequestWindow()  # the dashboard's last seconds, per tenant
         self.tracer: RequestTracer | None = None  # --otlp-traces-endpoint
         if engines is not None:
