@@ -206,7 +206,7 @@ def test_a_connection_over_the_cap_is_refused_at_once_and_holds_no_descriptor(
     held = [_connect(capped.url) for _ in range(CAP)]
     try:
         for sock in held:  # answered, so accepted and counted; then idle, kept alive for 30 s
-            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert sock.recv(65536).startswith(b"HTTP/1.1 200")
         before = _open_fds(capped)
         t0 = time.monotonic()
