@@ -7,12 +7,10 @@ one holds no descriptor for long. Errors are JSON in OpenAI's shape, and a conne
 an error while the client is still sending lingers (half-closed, its input drained) for a
 moment, so the client reads the answer instead of a reset.
 
-The limits live in `_FrontDoor`, written once against a parser-neutral view of the request
-being read (`Reading`); each parser supplies only that view and how an error is written:
-`HttpToolsFrontDoor` (httptools, uvicorn's C parser: the default, about half the CPU per
-request) and `H11FrontDoor` (h11, pure Python). Parsing stays the library's; this adds a timer
-per connection and swaps the ASGI app a connection sees. `uvicorn_options(limits, parser)` is
-what `uvicorn.Config` takes.
+The limits live in `FrontDoor`, written once against a parser-neutral view of the request
+being read (`Reading`); each parser (http_parsers.py) supplies only that view and how an error
+is written. Parsing stays the library's; this adds a timer per connection and swaps the ASGI
+app a connection sees.
 """
 
 from __future__ import annotations
@@ -24,9 +22,7 @@ import resource
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, cast
 
-import h11
-from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from headrace.api.limits import HeaderSizeLimit, error_response, header_too_large
 from headrace.api.write_watch import WriteWatch, drop
@@ -37,7 +33,6 @@ log = logging.getLogger("headrace.api")
 RETRY_AFTER_S = 1  # connections free up quickly: keep-alive and request deadlines bound them
 LINGER_S = 1.0  # Go's server waits 0.5 s after its FIN; draining meanwhile, we may end sooner
 _FDS_BESIDE_CONNECTIONS = 256  # engine pipes, model files, logs
-PARSERS = ("httptools", "h11")
 
 
 @dataclass(frozen=True)
@@ -62,33 +57,9 @@ class Tally(Protocol):
     def inc(self) -> None: ...
 
 
-class _Uncounted:
+class Uncounted:
     def inc(self) -> None:
         pass
-
-
-def uvicorn_options(
-    limits: FrontDoorLimits, parser: str = "httptools", send_timeouts: Tally | None = None
-) -> dict[str, Any]:
-    """The `uvicorn.Config` arguments that put these limits in place, parsing with `parser`;
-    `send_timeouts` counts the connections dropped for not reading."""
-    counter = send_timeouts or _Uncounted()
-    if parser == "h11":
-
-        class H11(H11FrontDoor):
-            front_door = limits
-            send_timeouts = counter
-
-        # h11 refuses a header still incomplete past this size; a whole one is HeaderSizeLimit's
-        return {"http": H11, "h11_max_incomplete_event_size": limits.max_header_bytes}
-    if parser != "httptools":
-        raise ValueError(f"unknown HTTP parser {parser!r}: one of {', '.join(PARSERS)}")
-
-    class HttpTools(HttpToolsFrontDoor):
-        front_door = limits
-        send_timeouts = counter
-
-    return {"http": HttpTools}
 
 
 class Reading(enum.Enum):
@@ -100,12 +71,12 @@ class Reading(enum.Enum):
     ERROR = "error"  # the bytes are not HTTP: nothing more is parsed
 
 
-class _FrontDoor(asyncio.Protocol):
+class FrontDoor(asyncio.Protocol):
     """The limits, mixed in ahead of a uvicorn protocol class (which provides `app`, `loop`,
     `transport`, `connections` and `cycle`, and is what `super()` reaches)."""
 
     front_door: ClassVar[FrontDoorLimits]
-    send_timeouts: ClassVar[Tally] = _Uncounted()
+    send_timeouts: ClassVar[Tally] = Uncounted()
     app: Any
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
@@ -208,7 +179,7 @@ class _FrontDoor(asyncio.Protocol):
         message = f"the server has too many open connections (limit {cap}); retry later"
         retry = [(b"retry-after", str(RETRY_AFTER_S).encode())]
         headers, body = error_response(503, message, "overloaded_error", retry)
-        self.raw_transport.write(_answer(503, headers, body))
+        self.raw_transport.write(answer_bytes(503, headers, body))
         self._linger()  # the client may be sending its request: it reads the 503, not a reset
 
     def _send_timed_out(self) -> None:
@@ -224,7 +195,7 @@ class _FrontDoor(asyncio.Protocol):
         drop(self.raw_transport)
 
     def _admitted(self) -> int:
-        return sum(1 for c in self.connections if isinstance(c, _FrontDoor) and not c.refused)
+        return sum(1 for c in self.connections if isinstance(c, FrontDoor) and not c.refused)
 
     def _follow(self) -> None:
         """Keep the timer in step with the parser's view of the client's request."""
@@ -276,90 +247,7 @@ class _FrontDoor(asyncio.Protocol):
             self.raw_transport.close()
 
 
-class HttpToolsFrontDoor(_FrontDoor, HttpToolsProtocol):
-    """The limits over httptools (llhttp). llhttp has no header size limit: the bytes of a head
-    still incomplete are counted here, and one past the limit is a 431 (a whole one that
-    arrives in a read is HeaderSizeLimit's, as for h11)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._state = Reading.HEAD
-        self._head_begun = False  # a request's first byte is parsed, its head not complete
-        self._head_count = 0  # bytes read while a head was incomplete
-
-    def data_received(self, data: bytes) -> None:
-        if self.lingering:
-            return
-        if self._state is Reading.HEAD:
-            self._head_count += len(data)
-        super().data_received(data)
-        if self._state is Reading.HEAD and self._head_bytes() > self.front_door.max_header_bytes:
-            self._state = Reading.ERROR  # its head is not parsed further
-            self._send_error(431, header_too_large(self.front_door.max_header_bytes))
-
-    def send_400_response(self, msg: str) -> None:
-        self._state = Reading.ERROR
-        super().send_400_response(msg)
-
-    def on_message_begin(self) -> None:
-        self._state, self._head_begun = Reading.HEAD, True
-        super().on_message_begin()
-
-    def on_headers_complete(self) -> None:
-        self._state, self._head_begun, self._head_count = Reading.BODY, False, 0
-        super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        self._state = Reading.DONE
-        super().on_message_complete()
-
-    def on_response_complete(self) -> None:
-        if self._state is Reading.DONE:
-            self._state = Reading.HEAD  # ready for the next request on this connection
-        super().on_response_complete()
-
-    def _reading(self) -> Reading:
-        return self._state
-
-    def _head_bytes(self) -> int:
-        if self._state is not Reading.HEAD and self._state is not Reading.ERROR:
-            return 0
-        return max(self._head_count, 1) if self._head_begun else self._head_count
-
-    def _answer_begun(self) -> bool:
-        if self.cycle is None:
-            return False
-        if self._head_begun or self._state is Reading.HEAD:  # the cycle is the last request's
-            return not self.cycle.response_complete  # whose answer must not be interleaved
-        return bool(self.cycle.response_started)
-
-    def _write_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        self.transport.write(_answer(status, headers, body))
-
-
-class H11FrontDoor(_FrontDoor, H11Protocol):
-    """The limits over h11, whose buffer limit refuses a head still incomplete past the size."""
-
-    _STATES: ClassVar[dict[Any, Reading]] = {
-        h11.IDLE: Reading.HEAD, h11.SEND_BODY: Reading.BODY, h11.ERROR: Reading.ERROR,
-    }  # fmt: skip
-
-    def _reading(self) -> Reading:
-        return self._STATES.get(self.conn.their_state, Reading.DONE)
-
-    def _head_bytes(self) -> int:
-        return len(self.conn.trailing_data[0])
-
-    def _answer_begun(self) -> bool:
-        return self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE)
-
-    def _write_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        response = h11.Response(status_code=status, headers=headers, reason=STATUS_PHRASES[status])
-        for event in (response, h11.Data(data=body), h11.EndOfMessage()):
-            self.transport.write(self.conn.send(event) or b"")
-
-
-def _answer(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+def answer_bytes(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
     head = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
     return STATUS_LINE[status] + head + b"\r\n" + body
 
@@ -367,7 +255,7 @@ def _answer(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> byt
 class _LingeringClose:
     """The connection's transport for uvicorn's code, whose `close()` asks the protocol."""
 
-    def __init__(self, transport: asyncio.Transport, protocol: _FrontDoor) -> None:
+    def __init__(self, transport: asyncio.Transport, protocol: FrontDoor) -> None:
         self._transport = transport
         self._protocol = protocol
 

@@ -27,7 +27,8 @@ from typing import Any
 import uvicorn
 
 from headrace.api.app import build_app, front_door
-from headrace.api.http_protocol import FrontDoorLimits, fit_fd_limit, uvicorn_options
+from headrace.api.http_parsers import uvicorn_options
+from headrace.api.http_protocol import FrontDoorLimits, fit_fd_limit
 from headrace.api.state import AppState
 from headrace.config import (
     AutoscaleConfig,
