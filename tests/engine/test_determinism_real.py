@@ -4,8 +4,6 @@ prefix-cache hits and speculation (docs/engine.md, "Deterministic greedy")."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -40,16 +38,15 @@ OTHERS = [
 ]
 
 
-def _runner(deterministic: bool) -> Iterator[ModelRunner]:
-    config = ModelConfig(dtype="bfloat16", device="cpu", deterministic=deterministic)
+def _runner(config: ModelConfig) -> ModelRunner:
     runner = ModelRunner(config, CacheConfig(block_size=4, num_kv_blocks=512))
     runner.wait_greedy_head()
-    yield runner
+    return runner
 
 
 @pytest.fixture(scope="module")
-def runner() -> Iterator[ModelRunner]:
-    yield from _runner(deterministic=False)
+def runner() -> ModelRunner:
+    return _runner(ModelConfig(dtype="bfloat16", device="cpu"))
 
 
 def _llm(runner: ModelRunner, prefix_caching: bool = False, **sched: int) -> LLM:
@@ -71,7 +68,7 @@ def test_greedy_tokens_do_not_depend_on_sampled_neighbours(runner: ModelRunner) 
 
 
 def test_deterministic_greedy_is_batch_invariant() -> None:
-    runner = next(_runner(deterministic=True))
+    runner = _runner(ModelConfig(dtype="bfloat16", device="cpu", deterministic=True))
     drafts = 0
     for target in TARGETS:
         alone = _llm(runner, num_speculative_tokens=0).generate([target], [GREEDY])[0].token_ids
