@@ -30,6 +30,12 @@ class ModelConfig:
         "int8 layer matmuls (dynamic per-row activations) in steps of 32+ tokens: on | off | "
         "auto (on for bf16 on CPUs with int8 dot products, VNNI or AMX; docs/performance.md)",
     )
+    deterministic: bool = _f(
+        False,
+        "batch-invariant greedy: a plain greedy request's tokens do not depend on its step's "
+        "other requests, chunk sizes, prefix-cache hits or speculation (int8 matmuls off, one "
+        "row-independent matmul, per-token attention; CPU bf16; docs/engine.md)",
+    )
     max_model_len: int | None = _f(None, "cap on prompt + output tokens (default: model's)")
     num_threads: int | None = _f(None, "torch CPU threads (default: torch's choice)")
     engine_nice: int = _f(

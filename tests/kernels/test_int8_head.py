@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from headrace.config import CacheConfig, ModelConfig
+from headrace.engine.head_picks import head_argmax
 from headrace.engine.model_runner import ModelRunner
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner_harness import GREEDY
@@ -79,3 +80,13 @@ def test_real_gemma_head_and_hidden_states() -> None:
     for start in range(0, hidden.shape[0], step):
         x = hidden[start : start + step]
         assert torch.equal(head.argmax(x), full_precision_argmax(x, w))
+
+
+def test_more_rows_than_max_rows_run_in_blocks() -> None:
+    """A step past the head's sweet spot still gets every row's exact pick (engine/head_picks)."""
+    gen = torch.Generator().manual_seed(5)
+    w = (torch.randn(3000, 64, generator=gen) * 0.05).bfloat16()
+    x = torch.randn(11, 64, generator=gen).bfloat16()
+    head = Int8GreedyHead(w)
+    head.max_rows = 4
+    assert head_argmax(head, x) == full_precision_argmax(x, w).tolist()

@@ -11,13 +11,14 @@ from pathlib import Path
 import torch
 
 from headrace.config import CacheConfig, ModelConfig
+from headrace.engine.determinism import choose_matmuls
+from headrace.engine.head_picks import pick_tokens
 from headrace.engine.kv_cache import KVCache, blocks_for_budget
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.sampler import Sampler
 from headrace.engine.step_inputs import build_step_inputs
 from headrace.engine.structured import GrammarMasks
-from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_head import supported as int8_head_supported
 from headrace.kernels.int8_screen import MIN_ROWS
@@ -88,12 +89,7 @@ class ModelRunner:
         model_dir, name = resolve_model(model_config.model)
         cap = model_config.max_model_len or 1 << 40
         model, _ = load_model(model_dir, dtype, device, cap)
-        if model_config.int8_matmuls != "off":
-            quantized = model.quantize_matmuls()
-            if quantized:
-                log.info("int8 matmuls: %d projections, in steps of 32+ tokens", quantized)
-            elif model_config.int8_matmuls == "on":
-                log.warning("--int8-matmuls on: unavailable here (bf16 on a CPU with VNNI/AMX)")
+        choose_matmuls(model, model_config)
         self._setup(
             model,
             model_dir,
@@ -101,6 +97,7 @@ class ModelRunner:
             max_model_len=min(cap, model.args.max_position_embeddings),
             model_name=model_config.served_model_name or name,
             extra_eos=generation_eos_ids(model_dir),
+            deterministic=model_config.deterministic,
         )
 
     @classmethod
@@ -111,12 +108,15 @@ class ModelRunner:
         cache_config: CacheConfig | None = None,
         max_model_len: int | None = None,
         model_name: str = "model",
+        deterministic: bool = False,
     ) -> ModelRunner:
         """A runner around an already loaded model (tests build several from one load);
-        `model_dir` holds its tokenizer.json, which structured outputs read."""
+        `model_dir` holds its tokenizer.json, which structured outputs read; `deterministic`:
+        the model's matmuls already made row-invariant (`choose_matmuls`)."""
         runner = cls.__new__(cls)
         cap = min(max_model_len or 1 << 40, model.args.max_position_embeddings)
-        runner._setup(model, model_dir, cache_config or CacheConfig(), cap, model_name, ())
+        cache = cache_config or CacheConfig()
+        runner._setup(model, model_dir, cache, cap, model_name, (), deterministic)
         return runner
 
     def _setup(
@@ -127,6 +127,7 @@ class ModelRunner:
         max_model_len: int,
         model_name: str,
         extra_eos: tuple[int, ...],
+        deterministic: bool = False,
     ) -> None:
         self.model = model
         self.model_dir = model_dir  # its tokenizer.json: structured outputs read it
@@ -135,6 +136,11 @@ class ModelRunner:
         weight = model.embed_weight
         self.device, self.dtype = weight.device, weight.dtype
         self.vocab_size = model.args.vocab_size
+        # Built while the KV pool is allocated (1.3-2 s for Gemma's head on 2 cores), and
+        # waited for below: a runner is final when it is ready, its picks never switch paths.
+        self._head_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="int8-head")
+        self._greedy_head = self._head_pool.submit(_int8_greedy_head, model)
+        self._head_pool.shutdown(wait=False)
         self.block_size = cache_config.block_size
         self.num_kv_blocks = cache_config.num_kv_blocks or blocks_for_budget(
             model.args, self.block_size, self.dtype, cache_config.kv_cache_memory_gb
@@ -151,10 +157,10 @@ class ModelRunner:
         )
         self.poison_token = _poison_token_from_env()
         self.paged_kernel = paged_decode_supported(self.device, self.dtype)
-        # Built off the start path (0.7 s for Gemma's head): steps use the bf16 head until then.
-        self._head_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="int8-head")
-        self._greedy_head = self._head_pool.submit(_int8_greedy_head, model)
-        self._head_pool.shutdown(wait=False)
+        self.per_token_attention = deterministic and self.paged_kernel
+        if deterministic and not self.paged_kernel:
+            log.warning("--deterministic: no paged decode kernel here; attention is not per token")
+        self.wait_greedy_head()
         log.info(
             "runner ready: %s on %s in %s, %d KV blocks of %d tokens (%.2f GiB), max_model_len %d",
             model_name,
@@ -182,6 +188,7 @@ class ModelRunner:
             self.device,
             self.dtype,
             paged_kernel=self.paged_kernel,
+            per_token=self.per_token_attention,
         )
         with torch.inference_mode():
             hidden = self.model(
@@ -190,22 +197,21 @@ class ModelRunner:
             if not inputs.sampled:
                 return RunnerOutput(sampled={})
             # The sampled rows, then the drafts' rows: one pass over the head for all of them.
-            s = len(inputs.sampled)
             drafts = inputs.draft_rows
             rows = hidden[
                 inputs.sample_rows if drafts is None else torch.cat([inputs.sample_rows, drafts])
             ]
-            if head := self._greedy_head_for(inputs.sampled, len(rows)):
-                flat = head.argmax(rows).tolist()
-                tokens, draft_tokens = flat[:s], flat[s:]
-                logprobs: list[TokenLogprobs | None] = [None] * s
-            else:
-                logits = self.model.compute_logits(rows)  # [S + D, V]
-                self.grammars.apply(logits[:s], inputs.sampled)
-                tokens, logprobs = self.sampler(logits[:s], inputs.sampled)
-                draft_tokens = argmax_rows(logits[s:]).tolist() if drafts is not None else []
+            picked = pick_tokens(
+                rows,
+                inputs.sampled,
+                self.greedy_head,
+                self.model.compute_logits,
+                self.sampler,
+                self.grammars,
+            )
+            tokens, logprobs = picked.tokens, picked.logprobs
             self.grammars.advance(inputs.sampled, tokens)
-        picks = _split_picks(inputs.sampled, draft_tokens)
+        picks = _split_picks(inputs.sampled, picked.draft_tokens)
         ids = [r.request_id for r in inputs.sampled]
         lps: dict[str, TokenLogprobs] = {
             i: lp for i, lp in zip(ids, logprobs, strict=True) if lp is not None
@@ -221,17 +227,6 @@ class ModelRunner:
 
     def wait_greedy_head(self) -> Int8GreedyHead | None:
         return self._greedy_head.result()
-
-    def _greedy_head_for(
-        self, sampled: list[ScheduledRequest], num_rows: int
-    ) -> Int8GreedyHead | None:
-        """The exact int8 greedy head, where it serves this step (see kernels/int8_head.py)."""
-        head = self.greedy_head
-        if head is None or num_rows > head.max_rows:
-            return None
-        if not all(_plain_greedy(r) for r in sampled):
-            return None
-        return head
 
     def _validate(self, out: SchedulerOutput) -> None:
         for req in out.scheduled:
@@ -286,11 +281,6 @@ def _tokenizer_json(model_dir: Path | None) -> str:
     if model_dir is None:
         raise ValueError("structured outputs need the model's tokenizer.json; this runner has none")
     return (model_dir / "tokenizer.json").read_text(encoding="utf-8")
-
-
-def _plain_greedy(r: ScheduledRequest) -> bool:
-    """Greedy on the raw logits: no logprobs, no grammar mask, no logits processors."""
-    return r.params.argmax_only and r.logits_inputs is None
 
 
 def _int8_greedy_head(model: CausalLM) -> Int8GreedyHead | None:

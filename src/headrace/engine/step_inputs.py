@@ -8,7 +8,7 @@ computed here once and shared by all layers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -34,13 +34,19 @@ def build_step_inputs(
     device: torch.device,
     mask_dtype: torch.dtype | None = None,
     paged_kernel: bool = False,
+    per_token: bool = False,
 ) -> StepInputs:
     """`mask_dtype`: decode masks as additive float masks of the queries' dtype, converted once
     here rather than by every layer's attention call (None: boolean masks). `paged_kernel`:
-    decodes get the bounds of the in-place kernel instead of masks."""
+    decodes get the bounds of the in-place kernel instead of masks. `per_token` (with
+    `paged_kernel`): every token attends as a decode of its own, over the cache up to itself,
+    so its attention is the same however its sequence was chunked, cached or drafted."""
     decodes = [s for s in scheduled if len(s.token_ids) == 1]
     chunks = [s for s in scheduled if len(s.token_ids) > 1]
     ordered = decodes + chunks
+    tokenwise = per_token and paged_kernel
+    if tokenwise:
+        decodes = [_token_of(s, i) for s in ordered for i in range(len(s.token_ids))]
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -56,7 +62,7 @@ def build_step_inputs(
         for pos in range(req.start_pos, req.start_pos + n):
             positions.append(pos)
             slots.append(req.block_ids[pos // block_size] * block_size + pos % block_size)
-        if n > 1:
+        if n > 1 and not tokenwise:
             views = {w: v for w in windows if (v := _prefill_view(req, block_size, w, device))}
             prefills.append(PrefillChunk(start, start + n, views))
         if req.sample:
@@ -80,6 +86,11 @@ def build_step_inputs(
         sampled,
         _tensor(draft_rows, device) if draft_rows else None,
     )
+
+
+def _token_of(req: ScheduledRequest, i: int) -> ScheduledRequest:
+    """Token `i` of a request's share as a one-token share (what the decode views read)."""
+    return replace(req, token_ids=req.token_ids[i : i + 1], start_pos=req.start_pos + i)
 
 
 def _tensor(values: list[int], device: torch.device) -> torch.Tensor:

@@ -96,6 +96,7 @@ class MergedLinear(nn.Module):
         self.packed: torch.Tensor | None = None
         self.small: torch.Tensor | None = None  # bf16_linear's layout, for decode-sized steps
         self.int8: Int8Linear | None = None
+        self.row_invariant = False  # every 2-D step through bf16_linear (make_row_invariant)
 
     def shard_slice(self, index: int) -> slice:
         start = sum(self.out_sizes[:index])
@@ -114,18 +115,28 @@ class MergedLinear(nn.Module):
             self.packed = None  # every 2-D step now takes one of the two (Gemma 3 270M: 129 MB)
         return self.int8 is not None
 
+    def make_row_invariant(self) -> bool:
+        """Take bf16_linear for every row count: each output is one row's own fp32 sum in a
+        fixed order, so a row's result does not depend on the step's size (oneDNN blocks its
+        sums by the row count, and the int8 path starts at 32 rows). False where the kernel is
+        unavailable."""
+        self.int8 = None
+        self.row_invariant = self.small is not None
+        return self.row_invariant
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, sum(out)]
         if self.int8 is not None and x.dim() == 2 and x.shape[0] >= INT8_MIN_ROWS:
             return self.int8(x, self.bias, padded_rows(x.shape[0]))
-        if (
-            self.small is not None
-            and x.dim() == 2
-            and bf16_linear.SMALL_MIN_ROWS <= x.shape[0] <= bf16_linear.SMALL_MAX_ROWS
-        ):
+        if self.small is not None and x.dim() == 2 and self._small_rows(x.shape[0]):
             return bf16_linear.linear(x, self.small, self.bias)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def _small_rows(self, rows: int) -> bool:
+        if self.row_invariant:
+            return rows >= bf16_linear.SMALL_MIN_ROWS
+        return bf16_linear.SMALL_MIN_ROWS <= rows <= bf16_linear.SMALL_MAX_ROWS
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(y.split(self.out_sizes, dim=-1))

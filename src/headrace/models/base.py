@@ -67,6 +67,11 @@ class CausalLM(nn.Module):
         ]
         return sum(m.quantize() for m in linears)
 
+    def make_row_invariant(self) -> tuple[int, int]:
+        """Every projection on its row-independent path (--deterministic): (switched, all)."""
+        linears = [m for m in self.modules() if isinstance(m, MergedLinear)]
+        return sum(m.make_row_invariant() for m in linears), len(linears)
+
     @property
     def embed_weight(self) -> torch.Tensor:
         weight = self.get_submodule("model.embed_tokens").weight

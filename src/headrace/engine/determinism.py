@@ -1,0 +1,41 @@
+"""The load-time choice of a model's matmul paths: int8 where it pays, or, with
+`--deterministic`, one row-independent path for every step size.
+
+What makes a greedy request's tokens depend on what shares its steps (measured on Gemma 3 270M
+in bf16, docs/engine.md): the int8 matmuls start at 32 rows per step, so a prompt's hidden states
+change when neighbours push its step past 32 tokens; oneDNN's bf16 matmul (past 64 rows) blocks
+its sums by the row count; prefill chunks attend through other kernels than decodes. The
+deterministic mode takes int8 off, sends every step through bf16_linear (each row's sums its
+own, in a fixed order) and lets every token attend as a decode of its own
+(`build_step_inputs(per_token=True)`); greedy picks come from the int8 head, exact per row.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from headrace.config import ModelConfig
+from headrace.models.base import CausalLM
+
+log = logging.getLogger("headrace.engine.model_runner")  # the runner's load-time lines
+
+
+def choose_matmuls(model: CausalLM, config: ModelConfig) -> None:
+    if config.deterministic:
+        switched, total = model.make_row_invariant()
+        if switched < total:
+            log.warning(
+                "--deterministic: %d of %d projections have no row-independent kernel here "
+                "(bf16 with AVX-512 BF16 only): their sums may still depend on the step's size",
+                total - switched,
+                total,
+            )
+        log.info("deterministic: int8 matmuls off, row-independent matmuls, per-token attention")
+        return
+    if config.int8_matmuls == "off":
+        return
+    quantized = model.quantize_matmuls()
+    if quantized:
+        log.info("int8 matmuls: %d projections, in steps of 32+ tokens", quantized)
+    elif config.int8_matmuls == "on":
+        log.warning("--int8-matmuls on: unavailable here (bf16 on a CPU with VNNI/AMX)")

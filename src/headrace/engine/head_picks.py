@@ -1,0 +1,84 @@
+"""One step's token picks from its hidden rows: the int8 greedy head for every plain greedy row,
+the full head and the sampler for the rest.
+
+The int8 head picks the argmax of the full-precision logits; the full head's bf16 logits round
+near-ties together, so the two can pick different tokens for the same row. A plain greedy row
+therefore always goes to the int8 head where the runner has one, whatever shares its step (a
+sampled neighbour, a grammar, more rows than the head's sweet spot): a greedy request's tokens
+do not depend on its neighbours. The other rows (sampled, logprobs, grammar, processors) and the
+drafts of such requests take the full head's logits as before.
+
+Rows: the step's sampled rows, one per request, then the draft rows, request after request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from headrace.engine.messages import TokenLogprobs
+from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.sampler import Sampler
+from headrace.engine.structured import GrammarMasks
+from headrace.kernels.argmax import argmax_rows
+from headrace.kernels.int8_head import Int8GreedyHead
+
+
+@dataclass(frozen=True)
+class StepPicks:
+    tokens: list[int]  # [S] one per sampled request
+    logprobs: list[TokenLogprobs | None]  # [S]
+    draft_tokens: list[int]  # [D] the greedy token after each draft row
+
+
+def plain_greedy(r: ScheduledRequest) -> bool:
+    """Greedy on the raw logits: no logprobs, no grammar mask, no logits processors."""
+    return r.params.argmax_only and r.logits_inputs is None
+
+
+def head_rows(sampled: list[ScheduledRequest]) -> list[bool]:
+    """Per row (sampled rows, then draft rows): whether it belongs to a plain greedy request."""
+    own = [plain_greedy(r) for r in sampled]
+    return own + [g for r, g in zip(sampled, own, strict=True) for _ in r.draft_token_ids]
+
+
+def head_argmax(head: Int8GreedyHead, x: torch.Tensor) -> list[int]:
+    """The int8 head over any number of rows: each row's pick is its own (blocks of
+    `max_rows`, past which the head is slower than the full head but still exact)."""
+    step = max(head.max_rows, 1)
+    return [t for at in range(0, len(x), step) for t in head.argmax(x[at : at + step]).tolist()]
+
+
+def pick_tokens(
+    rows: torch.Tensor,  # [S + D, H]
+    sampled: list[ScheduledRequest],
+    head: Int8GreedyHead | None,
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    sampler: Sampler,
+    grammars: GrammarMasks,
+) -> StepPicks:
+    s, n = len(sampled), len(rows)
+    greedy = head_rows(sampled) if head is not None else [False] * n
+    flat = [0] * n
+    on_head = [i for i in range(n) if greedy[i]]
+    if head is not None and on_head:
+        for i, t in zip(on_head, head_argmax(head, rows[on_head]), strict=True):
+            flat[i] = t
+    logprobs: list[TokenLogprobs | None] = [None] * s
+    own = [i for i in range(s) if not greedy[i]]
+    drafts = [i for i in range(s, n) if not greedy[i]]
+    if own or drafts:
+        full = rows if not on_head else rows[own + drafts]
+        logits = compute_logits(full)  # [S' + D', V]
+        k = len(own)
+        reqs = [sampled[i] for i in own]
+        grammars.apply(logits[:k], reqs)
+        tokens, lps = sampler(logits[:k], reqs) if k else ([], [])
+        for i, t, lp in zip(own, tokens, lps, strict=True):
+            flat[i], logprobs[i] = t, lp
+        if drafts:
+            for i, t in zip(drafts, argmax_rows(logits[k:]).tolist(), strict=True):
+                flat[i] = t
+    return StepPicks(flat[:s], logprobs, flat[s:])
