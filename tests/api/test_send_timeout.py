@@ -70,7 +70,8 @@ def _never_reading(server: Server, body: dict[str, object]) -> socket.socket:
     sock.connect((host, int(port)))
     data = json.dumps(body).encode()
     head = (
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer solo-key\r\n"
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+        "Authorization: Bearer solo-key\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
     )
     sock.sendall(head.encode() + data)
