@@ -16,7 +16,7 @@ from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.sampler import Sampler
 from headrace.engine.step_inputs import build_step_inputs
-from headrace.engine.structured import GrammarMasks
+from headrace.engine.structured import GrammarEnds, GrammarMasks
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_head import supported as int8_head_supported
@@ -139,22 +139,30 @@ class ModelRunner:
         self.num_kv_blocks = cache_config.num_kv_blocks or blocks_for_budget(
             model.args, self.block_size, self.dtype, cache_config.kv_cache_memory_gb
         )
-        self.kv_cache = KVCache(
-            model.args, self.num_kv_blocks, self.block_size, self.dtype, self.device
-        )
         # The model's own; the front end adds its tokenizer's (chat turn ends) per request.
         eos = model.args.eos_token_ids + extra_eos
         self.eos_token_ids = tuple(dict.fromkeys(i for i in eos if 0 <= i < self.vocab_size))
-        self.sampler = Sampler()
         self.grammars = GrammarMasks(
             partial(_tokenizer_json, model_dir), self.vocab_size, self.eos_token_ids
         )
+        if model_dir is not None:  # builds while the KV pool is allocated, the int8 head starts
+            self.grammars.start()
+        self.kv_cache = KVCache(
+            model.args, self.num_kv_blocks, self.block_size, self.dtype, self.device
+        )
+        self.sampler = Sampler()
         self.poison_token = _poison_token_from_env()
         self.paged_kernel = paged_decode_supported(self.device, self.dtype)
         # Built off the start path (0.7 s for Gemma's head): steps use the bf16 head until then.
         self._head_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="int8-head")
         self._greedy_head = self._head_pool.submit(_int8_greedy_head, model)
         self._head_pool.shutdown(wait=False)
+        if model_dir is not None:
+            # Before ready: the build holds the GIL for seconds (docs/performance.md), which
+            # in a background thread would stall every stream's steps instead.
+            waited = self.grammars.wait_started()
+            built = self.grammars.table_build_s or 0.0
+            log.info("grammar token table built in %.2f s (start waited %.2f s)", built, waited)
         log.info(
             "runner ready: %s on %s in %s, %d KV blocks of %d tokens (%.2f GiB), max_model_len %d",
             model_name,
@@ -195,24 +203,24 @@ class ModelRunner:
             rows = hidden[
                 inputs.sample_rows if drafts is None else torch.cat([inputs.sample_rows, drafts])
             ]
+            ends = GrammarEnds()  # constrained requests that end here (none on the greedy head)
             if head := self._greedy_head_for(inputs.sampled, len(rows)):
                 flat = head.argmax(rows).tolist()
                 tokens, draft_tokens = flat[:s], flat[s:]
                 logprobs: list[TokenLogprobs | None] = [None] * s
             else:
                 logits = self.model.compute_logits(rows)  # [S + D, V]
-                self.grammars.apply(logits[:s], inputs.sampled)
+                ends = self.grammars.apply(logits[:s], inputs.sampled)
                 tokens, logprobs = self.sampler(logits[:s], inputs.sampled)
                 draft_tokens = argmax_rows(logits[s:]).tolist() if drafts is not None else []
-            self.grammars.advance(inputs.sampled, tokens)
+                self.grammars.advance(inputs.sampled, tokens, ends)
         picks = _split_picks(inputs.sampled, draft_tokens)
         ids = [r.request_id for r in inputs.sampled]
         lps: dict[str, TokenLogprobs] = {
-            i: lp for i, lp in zip(ids, logprobs, strict=True) if lp is not None
+            i: lp for i, lp in zip(ids, logprobs, strict=True) if lp is not None and i not in ends
         }
-        return RunnerOutput(
-            sampled=dict(zip(ids, tokens, strict=True)), logprobs=lps, draft_picks=picks
-        )
+        sampled = {i: t for i, t in zip(ids, tokens, strict=True) if i not in ends}
+        return RunnerOutput(sampled, lps, picks, stopped=ends.stopped, errors=ends.errors)
 
     @property
     def greedy_head(self) -> Int8GreedyHead | None:
@@ -282,7 +290,7 @@ def _split_picks(sampled: list[ScheduledRequest], flat: list[int]) -> dict[str, 
 
 def _tokenizer_json(model_dir: Path | None) -> str:
     """The only part of a tokenizer the core reads: llguidance builds its token table from it
-    (at the first constrained request)."""
+    (while the runner starts)."""
     if model_dir is None:
         raise ValueError("structured outputs need the model's tokenizer.json; this runner has none")
     return (model_dir / "tokenizer.json").read_text(encoding="utf-8")
