@@ -30,32 +30,43 @@ GUIDED = {
     "guided_choice": ["blue", "grey"],
 }
 WARMUP = 20  # chunks before the gaps count (first steps, the int8 head arriving)
-SENT_AT = 60  # chunks of the bystander's before the guided request is sent
+SENT_AT = 60  # the bystander's chunks before the guided request is sent
+AFTER = 100  # chunks read after the guided request's answer
 
 
 def test_the_first_guided_request_does_not_stall_a_bystander(tmp_path: Path) -> None:
     with running(ARGS, tmp_path) as server:
-        times, guided = _bystander_with_guided(server.url)
+        times, (sent, done, guided) = _bystander_with_guided(server.url)
     assert guided.status_code == 200, guided.text
     assert guided.json()["choices"][0]["text"] in ("blue", "grey")
-    gaps = [b - a for a, b in zip(times[WARMUP:], times[WARMUP + 1 :], strict=False)]
-    median = statistics.median(gaps)
-    worst = max(gaps)
-    # Two steps would be 2x the median; the machine is shared, so allow 8x (a step of its own
-    # prefill joins too). The token table alone takes seconds.
-    limit = max(8 * median, 0.4)
-    print(f"bystander gaps: largest {worst:.3f} s, median {median:.3f} s")
-    assert worst < limit, f"largest gap {worst:.3f} s, median {median:.3f} s, limit {limit:.3f} s"
+    pairs = list(zip(times[WARMUP:], times[WARMUP + 1 :], strict=False))
+    during = [b - a for a, b in pairs if b > sent and a < done]  # gaps the request overlaps
+    others = [b - a for a, b in pairs if not (b > sent and a < done)]
+    median = statistics.median(others)
+    worst = max(during)
+    # Two steps would be 2x the median; the machine is shared, so allow 8x (the request's own
+    # prefill joins a step), or the stream's own worst gap elsewhere twice over (other work on
+    # the machine). Building the token table on the step took seconds.
+    limit = max(8 * median, 0.4, 2 * max(others))
+    print(f"bystander gaps: {worst:.3f} s at the guided request; elsewhere median {median:.3f} s")
+    assert worst < limit, f"gap {worst:.3f} s, median {median:.3f} s, limit {limit:.3f} s"
 
 
-def _bystander_with_guided(url: str) -> tuple[list[float], httpx.Response]:
-    """The arrival time of each of a stream's chunks, the first guided request sent while it
-    runs, and that request's response."""
+def _bystander_with_guided(
+    url: str,
+) -> tuple[list[float], tuple[float, float, httpx.Response]]:
+    """The arrival time of each of a stream's chunks, and the first guided request sent while
+    it runs: (sent at, answered at, its response)."""
     times: list[float] = []
-    result: list[httpx.Response] = []
-    sender = threading.Thread(
-        target=lambda: result.append(httpx.post(url + "/v1/completions", json=GUIDED, timeout=120))
-    )
+    result: list[tuple[float, float, httpx.Response]] = []
+
+    def send() -> None:
+        sent = time.perf_counter()
+        r = httpx.post(url + "/v1/completions", json=GUIDED, timeout=120)
+        result.append((sent, time.perf_counter(), r))
+
+    sender = threading.Thread(target=send)
+    answered_at: int | None = None  # chunks the stream had when the guided answer came
     with httpx.stream("POST", url + "/v1/completions", json=BYSTANDER, timeout=120) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
@@ -64,8 +75,10 @@ def _bystander_with_guided(url: str) -> tuple[list[float], httpx.Response]:
             times.append(time.perf_counter())
             if len(times) == SENT_AT:
                 sender.start()
-            if result and len(times) >= SENT_AT + 60:
-                break  # well past the guided request's end
+            if result and answered_at is None:
+                answered_at = len(times)
+            if answered_at is not None and len(times) >= answered_at + AFTER:
+                break
     sender.join(120)
     assert result, "the guided request did not complete"
     return times, result[0]

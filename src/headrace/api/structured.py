@@ -67,7 +67,11 @@ class StructuredFields(BaseModel):
 
 
 def grammar_cache() -> GrammarCache:
-    """A server's cache of compiled grammars."""
+    """A server's cache of compiled grammars. llguidance is imported now, as the server is
+    made: imported at the first constraint (0.1 s or more, mostly under the GIL) it would
+    pause every stream this front end is sending."""
+    import llguidance  # noqa: F401
+
     return GrammarCache(_grammar)
 
 
