@@ -16,7 +16,7 @@ from headrace.api.structured import _grammar
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.llm import LLM
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.structured import GrammarMasks
+from headrace.engine.structured import GrammarEnds, GrammarMasks
 from headrace.request import FinishReason, SamplingParams
 
 SCHEMA = {
@@ -99,15 +99,15 @@ def test_a_retried_step_rolls_the_matcher_back_and_a_stopped_grammar_allows_only
 
     first = allowed(req)
     assert a in first and b not in first
-    masks.advance([req], [a])
+    masks.advance([req], [a], GrammarEnds())
     assert allowed(req) == first  # the same step again (retried): rolled back, same mask
-    masks.advance([req], [a])
+    masks.advance([req], [a], GrammarEnds())
     after_a = dataclasses.replace(req, num_output_tokens=1)
     assert b in allowed(after_a) and a not in allowed(after_a)
-    masks.advance([after_a], [b])
+    masks.advance([after_a], [b], GrammarEnds())
     done = dataclasses.replace(req, num_output_tokens=2)
     assert allowed(done) == {eos}  # complete: only the end of the sequence
-    masks.advance([done], [eos])  # ignore_eos: generation goes on past the grammar
+    masks.advance([done], [eos], GrammarEnds())  # ignore_eos: generation goes on past the grammar
     assert allowed(dataclasses.replace(req, num_output_tokens=3)) == {eos}
     assert allowed(done) == {eos}  # a retried step after the stop
     masks.drop(["r"])

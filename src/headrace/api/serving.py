@@ -98,7 +98,8 @@ async def admit(
         check_fits(len(ids), max_tokens, engine.max_model_len)
     except DoesNotFit as e:
         raise bad_request(str(e), e.param) from e
-    grammar = await grammar_for(body)
+    eos_banned_for = 0 if body.ignore_eos else body.min_tokens or 0
+    grammar = await grammar_for(body, state.grammars, eos_banned_for)
     params = sampling_params(body, max_tokens, logprobs, engine.tokenizer, grammar)
     admission = state.gateway.admit(tenant, len(ids), n * max_tokens, model)
     arrival = arrival_time(request.scope)

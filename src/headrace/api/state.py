@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from headrace.api.errors import APIError
+from headrace.api.grammar_cache import GrammarCache
+from headrace.api.structured import grammar_cache
 from headrace.config import ServerConfig
 from headrace.engine.client import EngineClient
 from headrace.gateway.base import Gateway
@@ -27,6 +29,7 @@ class AppState:
     load_error: str | None = None
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
     reloader: GatewayReloader | None = None  # SIGHUP and POST /admin/reload
+    grammars: GrammarCache = field(default_factory=grammar_cache)  # compiled, by source
 
     def engine_for(self, model: str | None) -> tuple[str, EngineClient]:
         """The engine serving `model`; no model means the first one."""

@@ -1,20 +1,21 @@
 """Structured outputs at the front end: a request's constraint, under whichever name its client
 sends it — OpenAI's `response_format`, vLLM's `structured_outputs` and `guided_*` — becomes one
 llguidance grammar (`SamplingParams.grammar`), checked before anything runs: a schema or regex
-the engine cannot use is a 400 naming the field. Grammars are cached by their source, so a
-client that sends the same schema again pays nothing.
+the engine cannot use is a 400 naming the field, and so is a `min_tokens` no choice can reach.
+Grammars are cached by their source (`grammar_cache`), so a client that sends the same schema
+again pays nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from headrace.api.errors import bad_request
+from headrace.api.grammar_cache import GrammarCache
 from headrace.api.text import Text
 
 # Readable JSON a small model tokenizes well ({"a": 1, "b": [2, 3]}); no free whitespace, so a
@@ -65,16 +66,28 @@ class StructuredFields(BaseModel):
     guided_grammar: Text | None = Field(None, description="a Lark grammar (llguidance's)")
 
 
-async def grammar_for(body: StructuredFields) -> str | None:
+def grammar_cache() -> GrammarCache:
+    """A server's cache of compiled grammars. llguidance is imported now, as the server is
+    made: imported at the first constraint (0.1 s or more, mostly under the GIL) it would
+    pause every stream this front end is sending."""
+    import llguidance  # noqa: F401
+
+    return GrammarCache(_grammar)
+
+
+async def grammar_for(
+    body: StructuredFields, cache: GrammarCache, min_tokens: int = 0
+) -> str | None:
     """`grammar_of`, in a worker thread when there is a constraint: a large schema takes
     milliseconds to check, which the event loop (refusals, /health, streams) should not wait."""
     if not _constraints(body):
         return None
-    return await asyncio.to_thread(grammar_of, body)
+    return await asyncio.to_thread(grammar_of, body, cache, min_tokens)
 
 
-def grammar_of(body: StructuredFields) -> str | None:
-    """The llguidance grammar of the request's constraint, or None; 400 if it cannot be used."""
+def grammar_of(body: StructuredFields, cache: GrammarCache, min_tokens: int = 0) -> str | None:
+    """The llguidance grammar of the request's constraint, or None; 400 if it cannot be used.
+    `min_tokens`: where EOS is banned (0 under ignore_eos)."""
     found = _constraints(body)
     if not found:
         return None
@@ -82,10 +95,24 @@ def grammar_of(body: StructuredFields) -> str | None:
         names = ", ".join(f"`{field}`" for field, _, _ in found)
         raise bad_request(f"set only one output constraint, not {names}", found[1][0])
     field, kind, source = found[0]
-    grammar, error = _grammar(kind, source)
+    if kind == "choice":
+        _check_reachable(field, json.loads(source), min_tokens)
+    grammar, error = cache.get(kind, source)
     if error:
         raise bad_request(f"`{field}` cannot be used: {error}", field)
     return grammar
+
+
+def _check_reachable(field: str, choices: list[str], min_tokens: int) -> None:
+    """A choice of n bytes is at most n tokens, after which only EOS is allowed: a min_tokens
+    above the longest one would leave the request no token to go on with."""
+    longest = max(len(c.encode()) for c in choices)
+    if min_tokens > longest:
+        raise bad_request(
+            f"min_tokens ({min_tokens}) cannot be reached with `{field}`: its longest choice "
+            f"is {longest} bytes, at most {longest} tokens",
+            "min_tokens",
+        )
 
 
 def _constraints(body: StructuredFields) -> list[tuple[str, str, str]]:
@@ -135,9 +162,8 @@ def _canonical(schema: object) -> str:
     return json.dumps(schema, sort_keys=True, separators=(",", ":"))
 
 
-@functools.lru_cache(maxsize=512)
 def _grammar(kind: str, source: str) -> tuple[str, str]:
-    """(grammar, error message or "")."""
+    """(grammar, error message or ""), uncached."""
     from llguidance import LLMatcher
 
     if source.startswith("\x00"):

@@ -21,7 +21,7 @@ import torch
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.sampler import Sampler
-from headrace.engine.structured import GrammarMasks
+from headrace.engine.structured import GrammarEnds, GrammarMasks
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
 
@@ -31,6 +31,7 @@ class StepPicks:
     tokens: list[int]  # [S] one per sampled request
     logprobs: list[TokenLogprobs | None]  # [S]
     draft_tokens: list[int]  # [D] the greedy token after each draft row
+    ends: GrammarEnds  # constrained requests that end here without a token
 
 
 def plain_greedy(r: ScheduledRequest) -> bool:
@@ -67,6 +68,7 @@ def pick_tokens(
         for i, t in zip(on_head, head_argmax(head, rows[on_head]), strict=True):
             flat[i] = t
     logprobs: list[TokenLogprobs | None] = [None] * s
+    ends = GrammarEnds()  # none on the int8 head: a constrained row never goes there
     own = [i for i in range(s) if not greedy[i]]
     drafts = [i for i in range(s, n) if not greedy[i]]
     if own or drafts:
@@ -74,11 +76,11 @@ def pick_tokens(
         logits = compute_logits(full)  # [S' + D', V]
         k = len(own)
         reqs = [sampled[i] for i in own]
-        grammars.apply(logits[:k], reqs)
+        ends = grammars.apply(logits[:k], reqs)
         tokens, lps = sampler(logits[:k], reqs) if k else ([], [])
         for i, t, lp in zip(own, tokens, lps, strict=True):
             flat[i], logprobs[i] = t, lp
         if drafts:
             for i, t in zip(drafts, argmax_rows(logits[k:]).tolist(), strict=True):
                 flat[i] = t
-    return StepPicks(flat[:s], logprobs, flat[s:])
+    return StepPicks(flat[:s], logprobs, flat[s:], ends)

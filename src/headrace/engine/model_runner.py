@@ -145,21 +145,29 @@ class ModelRunner:
         self.num_kv_blocks = cache_config.num_kv_blocks or blocks_for_budget(
             model.args, self.block_size, self.dtype, cache_config.kv_cache_memory_gb
         )
-        self.kv_cache = KVCache(
-            model.args, self.num_kv_blocks, self.block_size, self.dtype, self.device
-        )
         # The model's own; the front end adds its tokenizer's (chat turn ends) per request.
         eos = model.args.eos_token_ids + extra_eos
         self.eos_token_ids = tuple(dict.fromkeys(i for i in eos if 0 <= i < self.vocab_size))
-        self.sampler = Sampler()
         self.grammars = GrammarMasks(
             partial(_tokenizer_json, model_dir), self.vocab_size, self.eos_token_ids
         )
+        if model_dir is not None:  # builds while the KV pool is allocated, the int8 head starts
+            self.grammars.start()
+        self.kv_cache = KVCache(
+            model.args, self.num_kv_blocks, self.block_size, self.dtype, self.device
+        )
+        self.sampler = Sampler()
         self.poison_token = _poison_token_from_env()
         self.paged_kernel = paged_decode_supported(self.device, self.dtype)
         self.per_token_attention = deterministic and self.paged_kernel
         if deterministic and not self.paged_kernel:
             log.warning("--deterministic: no paged decode kernel here; attention is not per token")
+        if model_dir is not None:
+            # Before ready: the build holds the GIL for seconds (docs/performance.md), which
+            # in a background thread would stall every stream's steps instead.
+            waited = self.grammars.wait_started()
+            built = self.grammars.table_build_s or 0.0
+            log.info("grammar token table built in %.2f s (start waited %.2f s)", built, waited)
         self.wait_greedy_head()
         log.info(
             "runner ready: %s on %s in %s, %d KV blocks of %d tokens (%.2f GiB), max_model_len %d",
@@ -209,16 +217,15 @@ class ModelRunner:
                 self.sampler,
                 self.grammars,
             )
-            tokens, logprobs = picked.tokens, picked.logprobs
-            self.grammars.advance(inputs.sampled, tokens)
+            tokens, logprobs, ends = picked.tokens, picked.logprobs, picked.ends
+            self.grammars.advance(inputs.sampled, tokens, ends)
         picks = _split_picks(inputs.sampled, picked.draft_tokens)
         ids = [r.request_id for r in inputs.sampled]
         lps: dict[str, TokenLogprobs] = {
-            i: lp for i, lp in zip(ids, logprobs, strict=True) if lp is not None
+            i: lp for i, lp in zip(ids, logprobs, strict=True) if lp is not None and i not in ends
         }
-        return RunnerOutput(
-            sampled=dict(zip(ids, tokens, strict=True)), logprobs=lps, draft_picks=picks
-        )
+        sampled = {i: t for i, t in zip(ids, tokens, strict=True) if i not in ends}
+        return RunnerOutput(sampled, lps, picks, stopped=ends.stopped, errors=ends.errors)
 
     @property
     def greedy_head(self) -> Int8GreedyHead | None:
@@ -277,7 +284,7 @@ def _split_picks(sampled: list[ScheduledRequest], flat: list[int]) -> dict[str, 
 
 def _tokenizer_json(model_dir: Path | None) -> str:
     """The only part of a tokenizer the core reads: llguidance builds its token table from it
-    (at the first constrained request)."""
+    (while the runner starts)."""
     if model_dir is None:
         raise ValueError("structured outputs need the model's tokenizer.json; this runner has none")
     return (model_dir / "tokenizer.json").read_text(encoding="utf-8")

@@ -62,3 +62,7 @@ class RunnerOutput:
     sampled: dict[str, int]  # the token after each request's last known token
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     draft_picks: dict[str, list[int]] = field(default_factory=dict)  # greedy token after each draft
+    # Requests that end in this step without a token, alone (their constraint leaves them no
+    # token): `stopped` ones finish with `stop`, `errors` ones with `error` and the message.
+    stopped: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)

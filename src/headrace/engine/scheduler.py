@@ -184,8 +184,7 @@ class Scheduler:
         if not s.sample:
             return
         if token is None:
-            self._finish(req, RequestStatus.FINISHED_ERROR)
-            self._pending.append(request_output(req, [], error="the model runner sampled no token"))
+            self._end_without_token(req, result)
             return
         if req.first_token_time is None:
             req.first_token_time = self.clock()
@@ -193,6 +192,18 @@ class Scheduler:
             self._finish(req, status)
         lp = result.logprobs.get(s.request_id)
         self._pending.append(request_output(req, emitted, logprobs=[lp] if lp else []))
+
+    def _end_without_token(self, req: Request, result: RunnerOutput) -> None:
+        """A request the runner gave no token: its constraint ended it (complete: `stop`), or
+        the runner could not sample it (`error`)."""
+        rid = req.request_id
+        if rid in result.stopped:
+            self._finish(req, RequestStatus.FINISHED_STOPPED)
+            self._pending.append(request_output(req, []))
+            return
+        self._finish(req, RequestStatus.FINISHED_ERROR)
+        error = result.errors.get(rid, "the model runner sampled no token")
+        self._pending.append(request_output(req, [], error=error))
 
     # -- scheduling helpers -------------------------------------------------------------
 

@@ -42,7 +42,9 @@ def execute_isolating_failures(
         )  # fmt: skip
     retry = _Bisect(execute, on_culprit, out.finished_ids)
     retry.split(out.scheduled)
-    return RunnerOutput(sampled=retry.sampled, logprobs=retry.logprobs, draft_picks=retry.picks)
+    return RunnerOutput(
+        retry.sampled, retry.logprobs, retry.picks, stopped=retry.stopped, errors=retry.errors
+    )
 
 
 class _Bisect:
@@ -55,6 +57,8 @@ class _Bisect:
         self.sampled: dict[str, int] = {}
         self.logprobs: dict[str, TokenLogprobs] = {}
         self.picks: dict[str, list[int]] = {}
+        self.stopped: list[str] = []
+        self.errors: dict[str, str] = {}
 
     def split(self, scheduled: list[ScheduledRequest]) -> None:
         mid = len(scheduled) // 2
@@ -76,3 +80,5 @@ class _Bisect:
         self.sampled.update(result.sampled)
         self.logprobs.update(result.logprobs)
         self.picks.update(result.draft_picks)
+        self.stopped += result.stopped
+        self.errors.update(result.errors)
