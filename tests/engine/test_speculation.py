@@ -1,5 +1,6 @@
 """Speculative decoding by prompt lookup: drafts are found where the sequence repeats itself,
-the kept tokens are exactly plain greedy decoding's, and rejected drafts leave nothing behind."""
+the kept tokens are exactly plain decoding's (greedy, and sampled with a seed), and rejected
+drafts leave nothing behind."""
 
 from __future__ import annotations
 
@@ -62,13 +63,16 @@ def test_accept_keeps_picks_up_to_the_first_wrong_draft() -> None:
     ("params", "ok"),
     [
         ({"temperature": 0.0}, True),
-        ({"temperature": 0.7}, False),
+        ({"temperature": 0.7}, True),
+        ({"temperature": 1.0, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "seed": 3}, True),
         ({"temperature": 0.0, "logprobs": 1}, False),
+        ({"temperature": 0.7, "logprobs": 0}, False),
         ({"temperature": 0.0, "presence_penalty": 0.5}, False),
+        ({"temperature": 0.8, "frequency_penalty": 0.5}, False),
         ({"temperature": 0.0, "logit_bias": ((3, 1.0),)}, False),
     ],
 )
-def test_only_plain_greedy_requests_speculate(params: dict, ok: bool) -> None:
+def test_requests_without_logprobs_or_processors_speculate(params: dict, ok: bool) -> None:
     req = make_request("r", 8, max_tokens=8, **params)
     assert speculates(req) is ok
 
@@ -134,13 +138,13 @@ def test_a_stop_inside_accepted_drafts_ends_the_request_there() -> None:
     assert core.finished["b"].finish_reason == "length"
 
 
-def test_no_speculation_above_speculative_max_seqs_or_for_sampling() -> None:
+def test_no_speculation_above_speculative_max_seqs_or_with_a_processor() -> None:
     prompts = {f"r{i}": [5, 6, 7, 5, 6, 7, i + 10] for i in range(3)}
     core = FakeCore(runner=LoopingRunner(3), num_speculative_tokens=4, speculative_max_seqs=2)
     lengths = {"r0": 4, "r1": 8, "r2": 24}  # r2 runs on alone
     for rid, prompt in prompts.items():
         core.add(rid, prompt, max_tokens=lengths[rid], **GREEDY)
-    core.add("s", [5, 6, 7, 5, 6, 7], max_tokens=12, temperature=0.9, seed=1)
+    core.add("s", [5, 6, 7, 5, 6, 7], max_tokens=12, temperature=0.9, seed=1, presence_penalty=1)
     core.run()
     steps = core.runner.steps
     busy = [out for out in steps if len(out.scheduled) > 2]
@@ -178,10 +182,16 @@ def runner(tiny_model_dir):
     )
 
 
-def _generate(runner, k: int, prompts: list[list[int]]) -> tuple[dict[str, list[int]], int]:
+def _generate(
+    runner, k: int, prompts: list[list[int]], **sampling: object
+) -> tuple[dict[str, list[int]], int]:
     core = EngineCore(SchedulerConfig(num_speculative_tokens=k), runner)
-    params = SamplingParams(max_tokens=40, **GREEDY)
     for i, prompt in enumerate(prompts):
+        params = SamplingParams(max_tokens=40, **{**GREEDY, **sampling})  # type: ignore[arg-type]
+        if params.seed is not None:
+            params = SamplingParams(
+                max_tokens=40, **{**GREEDY, **sampling, "seed": params.seed + i}
+            )  # type: ignore[arg-type]
         core.add_request(EngineCoreRequest(f"r{i}", prompt, params))
     tokens: dict[str, list[int]] = {}
     while core.has_work():
@@ -205,3 +215,28 @@ def test_a_real_model_gives_the_same_greedy_tokens_with_drafts(runner) -> None:
         assert none == 0
         assert fast == plain
         assert accepted > 0
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 1.0, "top_k": 2, "seed": 5},
+        {"temperature": 0.5, "top_k": 2, "seed": 7},
+        {"temperature": 0.9, "top_k": 3, "top_p": 0.95, "min_p": 0.01, "seed": 11},
+    ],
+)
+def test_a_seeded_sampled_request_draws_the_same_tokens_with_drafts(runner, sampling) -> None:
+    """Speculative sampling keeps the distribution: every kept token, drafted or not, is the
+    draw plain decoding makes at that output index (the seed's number there, the model's
+    distribution given the tokens before), so a seeded request's tokens are the same with and
+    without drafts, one request or four at a time, while drafts are accepted (a small top-k
+    makes the tiny random model repeat itself; at full width it rarely does)."""
+    prompts = [[3 + (i * 7 + j * j) % 50 for j in range(9 + 5 * i)] for i in range(4)]
+    accepted = 0
+    for batch in (prompts[:1], prompts):
+        plain, none = _generate(runner, 0, batch, **sampling)
+        fast, kept = _generate(runner, 4, batch, **sampling)
+        assert none == 0
+        assert fast == plain
+        accepted += kept
+    assert accepted > 0
