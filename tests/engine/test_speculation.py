@@ -4,6 +4,7 @@ drafts leave nothing behind."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -14,7 +15,7 @@ from headrace.engine.engine_core import EngineCore
 from headrace.engine.messages import EngineCoreRequest
 from headrace.engine.ngram_proposer import NgramProposer
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.speculation import accept, drafts_for, speculates
+from headrace.engine.speculation import accept, drafts_for, next_window, speculates
 from headrace.request import SamplingParams
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -240,3 +241,31 @@ def test_a_seeded_sampled_request_draws_the_same_tokens_with_drafts(runner, samp
         assert fast == plain
         accepted += kept
     assert accepted > 0
+
+
+def test_the_draft_window_shrinks_on_rejections_and_grows_back() -> None:
+    assert next_window(8, 8, 8, most=8) == 8
+    assert next_window(2, 2, 2, most=8) == 4  # all kept: twice as many
+    assert next_window(8, 8, 0, most=8) == 1  # none kept: one
+    assert next_window(8, 8, 3, most=8) == 4  # the kept ones and one more
+    assert next_window(1, 1, 1, most=8) == 2
+
+
+class NewEveryThirdRunner(FakeRunner):
+    """A model that says 5, 6, then a token never seen before, over and over: prompt lookup
+    keeps guessing the old third token after 5, 6, and is always wrong."""
+
+    def _next(self, s: ScheduledRequest, end: int) -> int:
+        return (5, 6, 100 + end)[end % 3]
+
+
+def test_drafts_that_keep_failing_are_cut_to_one_a_step() -> None:
+    prompt = [5, 6, 7, 5, 6, 8]
+    core = FakeCore(runner=NewEveryThirdRunner(), num_speculative_tokens=8)
+    core.add("r", prompt, max_tokens=60, **GREEDY)
+    core.run()
+    assert core.tokens["r"] == [(5, 6, 100 + p)[p % 3] for p in range(6, 66)]
+    carried = [len(s.draft_token_ids) for out in core.runner.steps for s in out.scheduled]
+    assert max(carried) == 8  # the window starts full
+    assert core.core.scheduler.spec_accepted_total == 0
+    assert sorted(set(carried[carried.index(8) + 1 :])) == [0, 1], carried

@@ -18,7 +18,10 @@ request's distribution given the tokens before it; a seeded request draws the to
 index j from the seed's j-th number with or without speculation.
 
 A step with a few more rows costs about what a one-row step costs where the weights' reads
-dominate (few requests running), so that is where it is turned on.
+dominate (few requests running), so that is where it is turned on. Rows are not free, though
+(the head and the sampler work per row): where a request's drafts keep failing (sampled
+natural text accepts about a quarter of them, random-token prompts four fifths), its window
+of drafts shrinks, and it grows back while they are accepted (`next_window`).
 """
 
 from __future__ import annotations
@@ -45,9 +48,19 @@ def drafts_for(req: Request, proposer: NgramProposer, max_model_len: int, budget
         max_model_len - req.num_tokens,  # positions of the drafts
         budget - 1,
     )
+    if req.draft_window is not None:
+        limit = min(limit, req.draft_window)
     if limit <= 0 or not speculates(req):
         return []
     return proposer.propose(req.all_token_ids, limit)
+
+
+def next_window(window: int, drafted: int, accepted: int, most: int) -> int:
+    """The drafts a request's next step may carry after `accepted` of `drafted` were kept:
+    twice as many after all were kept (up to `most`), the kept ones and one more otherwise."""
+    if accepted == drafted:
+        return min(most, max(window, drafted) * 2)
+    return max(1, accepted + 1)
 
 
 def accept(first: int, drafts: Sequence[int], picks: Sequence[int]) -> list[int]:
