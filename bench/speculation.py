@@ -4,13 +4,15 @@ identical outputs against plain decoding, per number of draft tokens, on two pro
 - `text`: the quality gate's sentence openings (`tests/data/gate_prompts.txt`): natural text.
 - `random`: random token ids, 128-384 long, as vLLM's `bench serve --dataset-name random`.
 
-Every request is greedy with `ignore_eos` and `--max-tokens` tokens; `--streams` requests run at
+Every request is greedy (or sampled at `--temperature`, with `--top-p`, seeded so that outputs
+can be compared) with `ignore_eos` and `--max-tokens` tokens; `--streams` requests run at
 a time (batches of that many). The settings alternate within one process (one loaded model), so
 the ratios to k=0 come from the same minutes of this noisy host. Prints JSON; writes it and a
 PNG under --out.
 
     .venv/bin/python bench/speculation.py                       # k = 0, 4; 1 and 4 streams
     .venv/bin/python bench/speculation.py --ks 0,2,4,8 --prompts 24
+    .venv/bin/python bench/speculation.py --ks 0,8 --temperature 0.8   # speculative sampling
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ def prompt_sets(n: int, seed: int) -> dict[str, list[Any]]:
     return {"text": text, "random": rand}
 
 
-def run(llm: LLM, prompts: list[Any], streams: int, max_tokens: int) -> dict[str, Any]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+def run(
+    llm: LLM, prompts: list[Any], streams: int, max_tokens: int, sampling: dict[str, float]
+) -> dict[str, Any]:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)  # type: ignore[arg-type]
     sched = llm.core.scheduler
     drafted0, accepted0 = sched.spec_drafted_total, sched.spec_accepted_total
     steps = 0
@@ -83,9 +87,14 @@ def main() -> int:
     p.add_argument("--streams", default="1,4")
     p.add_argument("--prompts", type=int, default=16, help="per prompt set")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "speculation"))
     args = p.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
+    sampling = {"temperature": args.temperature, "top_p": args.top_p}
+    if args.temperature > 0:
+        sampling["seed"] = 1  # each output index its own number: comparable across settings
     runner = ModelRunner(ModelConfig(model=args.model, dtype=args.dtype), CacheConfig())
     runner.wait_greedy_head()
     tokenizer = load_tokenizer(resolve_model(args.model)[0])
@@ -100,7 +109,7 @@ def main() -> int:
                 )
                 llm = LLM(runner=runner, tokenizer=tokenizer, scheduler_config=cfg)
                 llm.generate(prompts[:1], SamplingParams(max_tokens=4))  # warm-up
-                r = run(llm, prompts, streams, args.max_tokens)
+                r = run(llm, prompts, streams, args.max_tokens, sampling)
                 outputs = r.pop("outputs")
                 base = base or outputs
                 r["identical_outputs"] = sum(a == b for a, b in zip(outputs, base, strict=True))
@@ -116,7 +125,10 @@ def main() -> int:
         r["speedup"] = r["output_tokens_per_s"] / ref["output_tokens_per_s"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"dtype": str(runner.dtype), "max_tokens": args.max_tokens, "rows": rows}
+    result = {
+        "dtype": str(runner.dtype), "max_tokens": args.max_tokens, "sampling": sampling,
+        "rows": rows,
+    }  # fmt: skip
     (out / "speculation.json").write_text(json.dumps(result, indent=1))
     plot(rows, out / "speculation.png")
     print(json.dumps(result, indent=1))

@@ -245,6 +245,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when first scheduled
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    draft_window: int | None = None  # drafts its next speculative step may carry (speculation)
 
     @property
     def num_prompt_tokens(self) -> int:

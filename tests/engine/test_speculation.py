@@ -1,5 +1,6 @@
 """Speculative decoding by prompt lookup: drafts are found where the sequence repeats itself,
-the kept tokens are exactly plain greedy decoding's, and rejected drafts leave nothing behind."""
+the kept tokens are exactly plain decoding's (greedy, and sampled with a seed), and rejected
+drafts leave nothing behind."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from headrace.engine.engine_core import EngineCore
 from headrace.engine.messages import EngineCoreRequest
 from headrace.engine.ngram_proposer import NgramProposer
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.speculation import accept, drafts_for, speculates
+from headrace.engine.speculation import accept, drafts_for, next_window, speculates
 from headrace.request import SamplingParams
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -62,13 +63,16 @@ def test_accept_keeps_picks_up_to_the_first_wrong_draft() -> None:
     ("params", "ok"),
     [
         ({"temperature": 0.0}, True),
-        ({"temperature": 0.7}, False),
+        ({"temperature": 0.7}, True),
+        ({"temperature": 1.0, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "seed": 3}, True),
         ({"temperature": 0.0, "logprobs": 1}, False),
+        ({"temperature": 0.7, "logprobs": 0}, False),
         ({"temperature": 0.0, "presence_penalty": 0.5}, False),
+        ({"temperature": 0.8, "frequency_penalty": 0.5}, False),
         ({"temperature": 0.0, "logit_bias": ((3, 1.0),)}, False),
     ],
 )
-def test_only_plain_greedy_requests_speculate(params: dict, ok: bool) -> None:
+def test_requests_without_logprobs_or_processors_speculate(params: dict, ok: bool) -> None:
     req = make_request("r", 8, max_tokens=8, **params)
     assert speculates(req) is ok
 
@@ -134,13 +138,13 @@ def test_a_stop_inside_accepted_drafts_ends_the_request_there() -> None:
     assert core.finished["b"].finish_reason == "length"
 
 
-def test_no_speculation_above_speculative_max_seqs_or_for_sampling() -> None:
+def test_no_speculation_above_speculative_max_seqs_or_with_a_processor() -> None:
     prompts = {f"r{i}": [5, 6, 7, 5, 6, 7, i + 10] for i in range(3)}
     core = FakeCore(runner=LoopingRunner(3), num_speculative_tokens=4, speculative_max_seqs=2)
     lengths = {"r0": 4, "r1": 8, "r2": 24}  # r2 runs on alone
     for rid, prompt in prompts.items():
         core.add(rid, prompt, max_tokens=lengths[rid], **GREEDY)
-    core.add("s", [5, 6, 7, 5, 6, 7], max_tokens=12, temperature=0.9, seed=1)
+    core.add("s", [5, 6, 7, 5, 6, 7], max_tokens=12, temperature=0.9, seed=1, presence_penalty=1)
     core.run()
     steps = core.runner.steps
     busy = [out for out in steps if len(out.scheduled) > 2]
@@ -178,10 +182,16 @@ def runner(tiny_model_dir):
     )
 
 
-def _generate(runner, k: int, prompts: list[list[int]]) -> tuple[dict[str, list[int]], int]:
+def _generate(
+    runner, k: int, prompts: list[list[int]], **sampling: object
+) -> tuple[dict[str, list[int]], int]:
     core = EngineCore(SchedulerConfig(num_speculative_tokens=k), runner)
-    params = SamplingParams(max_tokens=40, **GREEDY)
     for i, prompt in enumerate(prompts):
+        params = SamplingParams(max_tokens=40, **{**GREEDY, **sampling})  # type: ignore[arg-type]
+        if params.seed is not None:
+            params = SamplingParams(
+                max_tokens=40, **{**GREEDY, **sampling, "seed": params.seed + i}
+            )  # type: ignore[arg-type]
         core.add_request(EngineCoreRequest(f"r{i}", prompt, params))
     tokens: dict[str, list[int]] = {}
     while core.has_work():
@@ -205,3 +215,56 @@ def test_a_real_model_gives_the_same_greedy_tokens_with_drafts(runner) -> None:
         assert none == 0
         assert fast == plain
         assert accepted > 0
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 1.0, "top_k": 2, "seed": 5},
+        {"temperature": 0.5, "top_k": 2, "seed": 7},
+        {"temperature": 0.9, "top_k": 3, "top_p": 0.95, "min_p": 0.01, "seed": 11},
+    ],
+)
+def test_a_seeded_sampled_request_draws_the_same_tokens_with_drafts(runner, sampling) -> None:
+    """Speculative sampling keeps the distribution: every kept token, drafted or not, is the
+    draw plain decoding makes at that output index (the seed's number there, the model's
+    distribution given the tokens before), so a seeded request's tokens are the same with and
+    without drafts, one request or four at a time, while drafts are accepted (a small top-k
+    makes the tiny random model repeat itself; at full width it rarely does)."""
+    prompts = [[3 + (i * 7 + j * j) % 50 for j in range(9 + 5 * i)] for i in range(4)]
+    accepted = 0
+    for batch in (prompts[:1], prompts):
+        plain, none = _generate(runner, 0, batch, **sampling)
+        fast, kept = _generate(runner, 4, batch, **sampling)
+        assert none == 0
+        assert fast == plain
+        accepted += kept
+    assert accepted > 0
+
+
+def test_the_draft_window_shrinks_on_rejections_and_grows_back() -> None:
+    assert next_window(8, 8, 8, most=8) == 8
+    assert next_window(2, 2, 2, most=8) == 4  # all kept: twice as many
+    assert next_window(8, 8, 0, most=8) == 1  # none kept: one
+    assert next_window(8, 8, 3, most=8) == 4  # the kept ones and one more
+    assert next_window(1, 1, 1, most=8) == 2
+
+
+class NewEveryThirdRunner(FakeRunner):
+    """A model that says 5, 6, then a token never seen before, over and over: prompt lookup
+    keeps guessing the old third token after 5, 6, and is always wrong."""
+
+    def _next(self, s: ScheduledRequest, end: int) -> int:
+        return (5, 6, 100 + end)[end % 3]
+
+
+def test_drafts_that_keep_failing_are_cut_to_one_a_step() -> None:
+    prompt = [5, 6, 7, 5, 6, 8]
+    core = FakeCore(runner=NewEveryThirdRunner(), num_speculative_tokens=8)
+    core.add("r", prompt, max_tokens=60, **GREEDY)
+    core.run()
+    assert core.tokens["r"] == [(5, 6, 100 + p)[p % 3] for p in range(6, 66)]
+    carried = [len(s.draft_token_ids) for out in core.runner.steps for s in out.scheduled]
+    assert max(carried) == 8  # the window starts full
+    assert core.core.scheduler.spec_accepted_total == 0
+    assert sorted(set(carried[carried.index(8) + 1 :])) == [0, 1], carried

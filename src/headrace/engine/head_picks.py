@@ -1,5 +1,6 @@
 """One step's token picks from its hidden rows: the int8 greedy head for every plain greedy row,
-the full head and the sampler for the rest.
+the full head and the sampler for the rest (a sampled request's draft rows draw from its
+distribution there: speculative sampling, speculation.py).
 
 The int8 head picks the argmax of the full-precision logits; the full head's bf16 logits round
 near-ties together, so the two can pick different tokens for the same row. A plain greedy row
@@ -30,7 +31,7 @@ from headrace.kernels.int8_head import Int8GreedyHead
 class StepPicks:
     tokens: list[int]  # [S] one per sampled request
     logprobs: list[TokenLogprobs | None]  # [S]
-    draft_tokens: list[int]  # [D] the greedy token after each draft row
+    draft_tokens: list[int]  # [D] the token after each draft row: greedy, or drawn
     ends: GrammarEnds  # constrained requests that end here without a token
 
 
@@ -81,6 +82,33 @@ def pick_tokens(
         for i, t, lp in zip(own, tokens, lps, strict=True):
             flat[i], logprobs[i] = t, lp
         if drafts:
-            for i, t in zip(drafts, argmax_rows(logits[k:]).tolist(), strict=True):
+            picks = after_drafts(logits[k:], [i - s for i in drafts], sampled, sampler)
+            for i, t in zip(drafts, picks, strict=True):
                 flat[i] = t
     return StepPicks(flat[:s], logprobs, flat[s:], ends)
+
+
+def after_drafts(
+    logits: torch.Tensor,  # [D', V] the full head's rows for these draft rows
+    rows: list[int],  # their indices among all the step's draft rows
+    sampled: list[ScheduledRequest],
+    sampler: Sampler,
+) -> list[int]:
+    """The token after each draft row: a greedy request's argmax, a sampled request's draw
+    from its distribution there (speculative sampling: speculation.py)."""
+    owners = [(r, j + 1) for r in sampled for j in range(len(r.draft_token_ids))]
+    drawn = [n for n, row in enumerate(rows) if not owners[row][0].params.greedy]
+    if not drawn:
+        return [int(t) for t in argmax_rows(logits).tolist()]
+    picks = [0] * len(rows)
+    greedy = [n for n in range(len(rows)) if n not in set(drawn)]
+    if greedy:
+        index = torch.tensor(greedy, device=logits.device)
+        for n, t in zip(greedy, argmax_rows(logits[index]).tolist(), strict=True):
+            picks[n] = int(t)
+    index = torch.tensor(drawn, device=logits.device)
+    reqs = [owners[rows[n]][0] for n in drawn]
+    ahead = [owners[rows[n]][1] for n in drawn]
+    for n, t in zip(drawn, sampler.draw_after_drafts(logits[index], reqs, ahead), strict=True):
+        picks[n] = t
+    return picks

@@ -53,6 +53,15 @@ class Sampler:
         chosen = tokens.tolist()
         return chosen, _logprobs(logits, requests, chosen)
 
+    def draw_after_drafts(
+        self, logits: torch.Tensor, owners: Sequence[ScheduledRequest], ahead: Sequence[int]
+    ) -> list[int]:
+        """logits [D, V]: the rows after the drafts of sampled requests without logits
+        processors (speculation.py) -> one draw per row from its request's distribution. Row i
+        is its request's token `ahead[i]` places past the next one: a seeded request's draw
+        there uses the seed's number for that output index, as a plain step would."""
+        return [int(t) for t in self._draw(logits.float(), list(owners), ahead).tolist()]
+
     def _choose(
         self, logits: torch.Tensor, requests: Sequence[ScheduledRequest], skip: Sequence[int] = ()
     ) -> torch.Tensor:
@@ -74,8 +83,14 @@ class Sampler:
         tokens[rows] = self._draw(sub, [requests[i] for i in drawn])
         return tokens
 
-    def _draw(self, logits: torch.Tensor, reqs: list[ScheduledRequest]) -> torch.Tensor:
-        """logits [R, V] -> token ids [R]."""
+    def _draw(
+        self,
+        logits: torch.Tensor,
+        reqs: list[ScheduledRequest],
+        ahead: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """logits [R, V] -> token ids [R]; `ahead`: each row's output index past the request's
+        next token (0 for all when None)."""
         device = logits.device
         # Greedy requests never come here; the floor keeps a division by ~0 out regardless.
         temps = [max(r.params.temperature, GREEDY_BELOW_TEMPERATURE) for r in reqs]
@@ -85,16 +100,19 @@ class Sampler:
         x = _top_p(x, [r.params.top_p for r in reqs])
         probs = torch.softmax(x, dim=-1)  # [R, V]
         cdf = probs.cumsum(dim=-1)
-        u = torch.tensor([self._uniform(r) for r in reqs], device=device, dtype=cdf.dtype)
+        offsets = ahead if ahead is not None else [0] * len(reqs)
+        uniforms = [self._uniform(r, k) for r, k in zip(reqs, offsets, strict=True)]
+        u = torch.tensor(uniforms, device=device, dtype=cdf.dtype)
         target = (u * cdf[:, -1])[:, None]  # [R, 1]
         idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first cdf > target: p > 0
         # Rounding can push the target to the very end; fall back to the likeliest token.
         return torch.where(idx >= probs.shape[1], argmax_rows(probs), idx)
 
-    def _uniform(self, req: ScheduledRequest) -> float:
+    def _uniform(self, req: ScheduledRequest, ahead: int = 0) -> float:
         if req.params.seed is None:
             return self._rng.random()
-        return seeded_uniform(req.params.seed, req.params.seed_offset + req.num_output_tokens)
+        step = req.params.seed_offset + req.num_output_tokens + ahead
+        return seeded_uniform(req.params.seed, step)
 
 
 def _min_p(x: torch.Tensor, ps: list[float]) -> torch.Tensor:

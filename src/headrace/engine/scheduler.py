@@ -22,7 +22,7 @@ from headrace.engine.ngram_proposer import NgramProposer
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.preemption import victims_to_admit
 from headrace.engine.request_report import expired_status, request_output
-from headrace.engine.speculation import accept, drafts_for
+from headrace.engine.speculation import accept, drafts_for, next_window
 from headrace.engine.step_budget import StepBudget
 from headrace.engine.step_plan import known_tokens, prompt_tokens, scheduled_request
 from headrace.engine.step_stats import collect_stats
@@ -174,8 +174,11 @@ class Scheduler:
         computed = s.start_pos + len(s.token_ids) - len(drafts) + max(0, len(new) - 1)
         req.num_computed_tokens = min(computed, req.num_tokens)
         if drafts:
+            kept = max(0, len(new) - 1)
             self.spec_drafted_total += len(drafts)
-            self.spec_accepted_total += max(0, len(new) - 1)
+            self.spec_accepted_total += kept
+            window = req.draft_window or self.proposer.num_tokens
+            req.draft_window = next_window(window, len(drafts), kept, self.proposer.num_tokens)
             self.blocks.trim(req.request_id, req.num_computed_tokens)
         if self.blocks.num_uncached_full_blocks(req.request_id, req.num_computed_tokens) > 0:
             self.blocks.cache_computed(
