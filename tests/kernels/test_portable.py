@@ -15,6 +15,7 @@ from headrace.kernels import (
     bf16_linear,
     build,
     fused,
+    int8_envelope,
     int8_head,
     int8_linear,
     int8_screen,
@@ -24,6 +25,7 @@ from kernels import (
     test_argmax,
     test_bf16_linear,
     test_fused,
+    test_int8_envelope,
     test_int8_head,
     test_int8_linear,
     test_int8_screen,
@@ -48,7 +50,16 @@ def portable(
     monkeypatch.setenv("HEADRACE_CACHE", str(tmp_path))
     flags = [f"-march={request.param}" if f == "-march=native" else f for f in build.FLAGS]
     lib = build.load(compiler, [f for f in flags if not f.startswith("-mprefer")])
-    for module in (argmax, bf16_linear, fused, int8_head, int8_linear, int8_screen, paged_decode):
+    for module in (
+        argmax,
+        bf16_linear,
+        fused,
+        int8_envelope,
+        int8_head,
+        int8_linear,
+        int8_screen,
+        paged_decode,
+    ):
         monkeypatch.setattr(module, "cpu_kernels", lambda lib=lib: lib)
     yield request.param
 
@@ -66,6 +77,7 @@ def test_argmax_and_head_portable(portable: str) -> None:
         for hidden in (96, 128):
             test_int8_head.test_random_head_every_row_count(rows, hidden)
     test_int8_screen.test_one_limb_is_exact(5, 96)
+    test_int8_envelope.test_bounds_hold_in_float64(4, 96, True)
 
 
 def test_fused_portable(portable: str) -> None:

@@ -7,7 +7,9 @@ near-ties together, so the two can pick different tokens for the same row. A pla
 therefore always goes to the int8 head where the runner has one, whatever shares its step (a
 sampled neighbour, a grammar, more rows than the head's sweet spot): a greedy request's tokens
 do not depend on its neighbours. The other rows (sampled, logprobs, grammar, processors) and the
-drafts of such requests take the full head's logits as before.
+drafts of such requests take the full head's logits as before, except the plain sampled rows
+(engine/screened_sampler.py: no processors, logprobs, grammar or seed), which the runner's
+screened sampler draws exactly from the int8 head's bounds where it has one.
 
 Rows: the step's sampled rows, one per request, then the draft rows, request after request.
 """
@@ -22,6 +24,7 @@ import torch
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.sampler import Sampler
+from headrace.engine.screened_sampler import ScreenedSampler, screened_row
 from headrace.engine.structured import GrammarEnds, GrammarMasks
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
@@ -60,6 +63,7 @@ def pick_tokens(
     compute_logits: Callable[[torch.Tensor], torch.Tensor],
     sampler: Sampler,
     grammars: GrammarMasks,
+    screened: ScreenedSampler | None = None,
 ) -> StepPicks:
     s, n = len(sampled), len(rows)
     greedy = head_rows(sampled) if head is not None else [False] * n
@@ -71,9 +75,11 @@ def pick_tokens(
     logprobs: list[TokenLogprobs | None] = [None] * s
     ends = GrammarEnds()  # none on the int8 head: a constrained row never goes there
     own = [i for i in range(s) if not greedy[i]]
+    if screened is not None and own:
+        own = _draw_screened(rows, sampled, own, screened, sampler, flat)
     drafts = [i for i in range(s, n) if not greedy[i]]
     if own or drafts:
-        full = rows if not on_head else rows[own + drafts]
+        full = rows if len(own) + len(drafts) == n else rows[own + drafts]
         logits = compute_logits(full)  # [S' + D', V]
         k = len(own)
         reqs = [sampled[i] for i in own]
@@ -112,3 +118,24 @@ def after_drafts(
     for n, t in zip(drawn, sampler.draw_after_drafts(logits[index], reqs, ahead), strict=True):
         picks[n] = t
     return picks
+
+
+def _draw_screened(
+    rows: torch.Tensor,
+    sampled: list[ScheduledRequest],
+    own: list[int],
+    screened: ScreenedSampler,
+    sampler: Sampler,
+    flat: list[int],
+) -> list[int]:
+    """Draw the plain sampled rows of `own` from the int8 head (into `flat`); the rows left
+    for the full head."""
+    take = [i for i in own if screened_row(sampled[i], screened.vocab)]
+    if len(take) < screened.min_rows:
+        return own
+    done = set()
+    for i, t in zip(take, screened(rows[take], [sampled[i] for i in take], sampler), strict=True):
+        if t is not None:
+            flat[i] = t
+            done.add(i)
+    return [i for i in own if i not in done]

@@ -17,8 +17,10 @@ from headrace.engine.kv_cache import KVCache, blocks_for_budget
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.sampler import Sampler
+from headrace.engine.screened_sampler import ScreenedSampler
 from headrace.engine.step_inputs import build_step_inputs
 from headrace.engine.structured import GrammarMasks
+from headrace.kernels.build import switched_on
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_head import supported as int8_head_supported
 from headrace.kernels.int8_screen import MIN_ROWS
@@ -168,7 +170,7 @@ class ModelRunner:
             waited = self.grammars.wait_started()
             built = self.grammars.table_build_s or 0.0
             log.info("grammar token table built in %.2f s (start waited %.2f s)", built, waited)
-        self.wait_greedy_head()
+        self.screened_sampler = _screened_sampler(model, self.wait_greedy_head())
         log.info(
             "runner ready: %s on %s in %s, %d KV blocks of %d tokens (%.2f GiB), max_model_len %d",
             model_name,
@@ -216,6 +218,7 @@ class ModelRunner:
                 self.model.compute_logits,
                 self.sampler,
                 self.grammars,
+                self.screened_sampler,
             )
             tokens, logprobs, ends = picked.tokens, picked.logprobs, picked.ends
             self.grammars.advance(inputs.sampled, tokens, ends)
@@ -299,3 +302,15 @@ def _int8_greedy_head(model: CausalLM) -> Int8GreedyHead | None:
     kind = "AMX, two limbs" if head.one_limb is None else f"VNNI, one limb from {MIN_ROWS} rows"
     log.info("int8 greedy head ready (%s): greedy steps of up to %d rows", kind, head.max_rows)
     return head
+
+
+def _screened_sampler(model: CausalLM, head: Int8GreedyHead | None) -> ScreenedSampler | None:
+    """Plain sampled rows from the int8 head (exact), unless `HEADRACE_SCREENED_SAMPLER=0`: the
+    envelope bounds the raw logits, so a model with a final softcap keeps the full head."""
+    if (
+        head is None
+        or model.args.final_logit_softcapping
+        or not switched_on("HEADRACE_SCREENED_SAMPLER")
+    ):
+        return None
+    return ScreenedSampler(head)

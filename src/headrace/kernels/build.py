@@ -37,7 +37,8 @@ NAMES = (
 )
 SOURCES = [Path(__file__).with_name(n) for n in NAMES]
 # included by the sources: part of the cache key
-HEADERS = [Path(__file__).with_name(n) for n in ("bf16.h", "fast_exp.h", "head_cands.h")]
+HEADER_NAMES = ("bf16.h", "fast_exp.h", "head_cands.h", "head_envelope.h")
+HEADERS = [Path(__file__).with_name(n) for n in HEADER_NAMES]
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC"]
 I64, F32, PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -134,6 +135,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.restype = ctypes.c_int
     lib.head_argmax_q8.argtypes = [PTR, I64, I64, PTR, PTR, PTR, PTR, I64, PTR, I64, PTR]
     lib.head_argmax_q8.restype = None
+    lib.head_envelope_q8.argtypes = [PTR, I64, I64, PTR, PTR, PTR, PTR, I64, I64, PTR, PTR, PTR]
+    lib.head_envelope_q8.argtypes += [PTR, PTR, PTR]
+    lib.head_envelope_q8.restype = None
+    lib.head_bounds_q8.argtypes = [PTR, I64, I64, PTR, PTR, PTR, PTR, I64, PTR, PTR, I64, PTR, PTR]
+    lib.head_bounds_q8.restype = None
     lib.head_argmax_q8_outliers.argtypes = [PTR, I64, I64, PTR, I64, PTR, PTR, PTR, PTR, PTR]
     lib.head_argmax_q8_outliers.argtypes += [I64, PTR, I64, I64, PTR]
     lib.head_argmax_q8_outliers.restype = I64

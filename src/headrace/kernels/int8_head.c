@@ -25,19 +25,25 @@
 #include <string.h>
 
 #include "head_cands.h"
+#include "head_envelope.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
-/* One 16-row group of a row's two-limb sums: the screened logits, then the shared screen.
- * ex = sx / 508 bounds each activation's error. */
-static inline void screen16(cands_t *c, const int32_t *hi, const int32_t *lo, int64_t v0,
-                            const float *s, const int32_t *qsum, const float *wl1, float sx,
-                            float half_l1, int64_t H, int64_t V) {
-    const float ex = sx / 508.0f;
-    if (v0 >= V) return;
-    float a[16];
+typedef struct {
+    const uint8_t *x1, *x2;
+    const float *sx, *half_l1, *s, *wl1;
+    const int32_t *qsum;
+    const int8_t *packed;
+    int64_t M, H, V16, V;
+    const env_t *env; /* NULL: screen for the argmax; else keep the sampler's envelope */
+} scan_t;
+
+/* The screened logits a[16] of 16 vocabulary rows from v0 (< V), from one row's two-limb sums */
+static inline void logits16(float a[16], const int32_t *hi, const int32_t *lo, int64_t v0,
+                            const float *s, const int32_t *qsum, float sx, int64_t V) {
 #ifdef __AVX512F__
+    (void)V;
     const __m512i off = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(qsum + v0)), 7);
     const __m512 q = _mm512_fmadd_ps(
         _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512((const void *)lo), off)),
@@ -52,7 +58,20 @@ static inline void screen16(cands_t *c, const int32_t *hi, const int32_t *lo, in
         a[l] = sx * s[v] * q;
     }
 #endif
-    screen_logits(c, a, v0, s, wl1, ex, half_l1 + 0.5f * (float)H * ex, V);
+}
+
+/* One 16-row group of row m's two-limb sums: the screened logits, then the shared screen (or
+ * the envelope). ex = sx / 508 bounds each activation's error. */
+static inline void screen16(const scan_t *g, cands_t *mine, int64_t m, const int32_t *hi,
+                            const int32_t *lo, int64_t v0) {
+    if (v0 >= g->V) return;
+    const float sx = g->sx[m], ex = sx / 508.0f, xl1 = g->half_l1[m] + 0.5f * (float)g->H * ex;
+    float a[16];
+    logits16(a, hi, lo, v0, g->s, g->qsum, sx, g->V);
+    if (g->env)
+        envelope16(g->env, m, a, v0, g->s, g->wl1, ex, xl1);
+    else
+        screen_logits(mine + m, a, v0, g->s, g->wl1, ex, xl1, g->V);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -188,14 +207,6 @@ static void quantize_rows(const float *x, int64_t M, int64_t H, uint8_t *x1, uin
     }
 }
 
-typedef struct {
-    const uint8_t *x1, *x2;
-    const float *sx, *half_l1, *s, *wl1;
-    const int32_t *qsum;
-    const int8_t *packed;
-    int64_t M, H, V16, V;
-} scan_t;
-
 /* This thread's chunks of the vocabulary (taken dynamically, ascending per thread). */
 static void scan_vector(const scan_t *a, cands_t *mine) {
     const int64_t H4 = a->H / 4, M = a->M;
@@ -211,16 +222,14 @@ static void scan_vector(const scan_t *a, cands_t *mine) {
             dots_m2(a->x1, a->x2, a->H, p, m0, acc, next, pf);
             for (int g = 0; g < 4; g++)
                 for (int m = 0; m < 2; m++)
-                    screen16(mine + m0 + m, acc[0][g][m], acc[1][g][m], (grp + g) * 16, a->s,
-                             a->qsum, a->wl1, a->sx[m0 + m], a->half_l1[m0 + m], a->H, a->V);
+                    screen16(a, mine, m0 + m, acc[0][g][m], acc[1][g][m], (grp + g) * 16);
         }
         for (; m0 < M; m0++) {
             int32_t acc[2][4][1][16];
             const unsigned pf = next ? prefetch_mask(pass++, passes) : 0u;
             dots_m1(a->x1, a->x2, a->H, p, m0, acc, next, pf);
             for (int g = 0; g < 4; g++)
-                screen16(mine + m0, acc[0][g][0], acc[1][g][0], (grp + g) * 16, a->s, a->qsum,
-                         a->wl1, a->sx[m0], a->half_l1[m0], a->H, a->V);
+                screen16(a, mine, m0, acc[0][g][0], acc[1][g][0], (grp + g) * 16);
         }
     }
 }
@@ -235,31 +244,29 @@ static void scan_amx(const scan_t *a, cands_t *mine) {
             amx_dots(a->x1, a->x2, a->H, a->packed, grp, rb, sums);
             for (int64_t r = 0; r < 16 && rb + r < a->M; r++)
                 for (int g = 0; g < 2; g++)
-                    screen16(mine + rb + r, sums[2 * g][r], sums[2 * g + 1][r], (grp + g) * 16,
-                             a->s, a->qsum, a->wl1, a->sx[rb + r], a->half_l1[rb + r], a->H,
-                             a->V);
+                    screen16(a, mine, rb + r, sums[2 * g][r], sums[2 * g + 1][r], (grp + g) * 16);
         }
     }
     _tile_release();
 }
 #endif
 
-void head_argmax_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, const float *s,
-                    const int32_t *qsum, const float *wl1, int64_t V16, const uint16_t *w,
-                    int64_t V, int64_t *idx) {
+/* Both limbs' sums of every row against the whole vocabulary, screened (per_thread, M lists a
+ * thread) or summed into the envelope (env). */
+static void scan_all(const float *x, int64_t M, int64_t H, const int8_t *packed, const float *s,
+                     const int32_t *qsum, const float *wl1, int64_t V16, int64_t V,
+                     const env_t *env, cands_t *per_thread) {
     const int threads = omp_get_max_threads();
     const int64_t M16 = (M + 15) / 16 * 16; /* AMX reads whole 16-row tiles */
     uint8_t *x1 = malloc((size_t)(2 * M16 * H)), *x2 = x1 + M16 * H;
     memset(x1, 128, (size_t)(2 * M16 * H));
     float *sx = malloc(sizeof(float) * (size_t)M), *half_l1 = malloc(sizeof(float) * (size_t)M);
-    cands_t *per_thread = malloc(sizeof(cands_t) * (size_t)(threads * M));
     quantize_rows(x, M, H, x1, x2, sx, half_l1);
-    for (int64_t i = 0; i < threads * M; i++) cands_init(per_thread + i, 0);
-    const scan_t args = {x1, x2, sx, half_l1, s, wl1, qsum, packed, M, H, V16, V};
+    const scan_t args = {x1, x2, sx, half_l1, s, wl1, qsum, packed, M, H, V16, V, env};
     /* Below 4 rows the tiles' fixed costs lose to VNNI (bench/kernels.py, greedy_head) */
     const int amx = M >= 4 && H % 64 == 0 && head_q8_amx();
     _Pragma("omp parallel num_threads(threads)") {
-        cands_t *mine = per_thread + omp_get_thread_num() * M;
+        cands_t *mine = per_thread ? per_thread + omp_get_thread_num() * M : NULL;
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
         if (amx)
             scan_amx(&args, mine);
@@ -268,10 +275,65 @@ void head_argmax_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, 
             scan_vector(&args, mine);
     }
     (void)amx;
+    free(half_l1);
+    free(sx);
+    free(x1);
+}
+
+void head_argmax_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, const float *s,
+                    const int32_t *qsum, const float *wl1, int64_t V16, const uint16_t *w,
+                    int64_t V, int64_t *idx) {
+    const int threads = omp_get_max_threads();
+    cands_t *per_thread = malloc(sizeof(cands_t) * (size_t)(threads * M));
+    for (int64_t i = 0; i < threads * M; i++) cands_init(per_thread + i, 0);
+    scan_all(x, M, H, packed, s, qsum, wl1, V16, V, NULL, per_thread);
     _Pragma("omp parallel for schedule(dynamic)")
     for (int64_t m = 0; m < M; m++) idx[m] = rescore(x + m * H, H, w, per_thread, threads, M, m);
     for (int64_t i = 0; i < threads * M; i++) cands_free(per_thread + i);
     free(per_thread);
+}
+
+/* The sampler's envelope (head_envelope.h): gmax, gsum, glow [M, V16 / 16] per row and group,
+ * with 1 / temperature inv_t [M]; ub, lb [M, V] every token's bounds unless NULL. */
+void head_envelope_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, const float *s,
+                      const int32_t *qsum, const float *wl1, int64_t V16, int64_t V,
+                      const float *inv_t, float *gmax, float *gsum, float *glow, float *ub,
+                      float *lb) {
+    const env_t env = {gmax, gsum, glow, ub, lb, inv_t, V16 / 16, V};
+    scan_all(x, M, H, packed, s, qsum, wl1, V16, V, &env, NULL);
+}
+
+/* ub, lb [n, 16] of the groups groups[i] of rows rows[i], as head_envelope_q8 computed them:
+ * the same int32 sums (exact), the same float steps. */
+void head_bounds_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, const float *s,
+                    const int32_t *qsum, const float *wl1, int64_t V, const int64_t *rows,
+                    const int64_t *groups, int64_t n, float *ub, float *lb) {
+    uint8_t *x1 = malloc((size_t)(2 * M * H)), *x2 = x1 + M * H;
+    float *sx = malloc(sizeof(float) * (size_t)M), *half_l1 = malloc(sizeof(float) * (size_t)M);
+    quantize_rows(x, M, H, x1, x2, sx, half_l1);
+    const int64_t H4 = H / 4;
+    _Pragma("omp parallel for schedule(dynamic, 8)")
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t m = rows[i], v0 = groups[i] * 16;
+        const int8_t *p = packed + groups[i] * H4 * 64;
+        int32_t hi[16], lo[16];
+        for (int l = 0; l < 16; l++) {
+            int32_t a1 = 0, a2 = 0;
+            for (int64_t d = 0; d < H; d++) {
+                const int32_t q = p[((d / 4) * 16 + l) * 4 + d % 4];
+                a1 += (int32_t)x1[m * H + d] * q;
+                a2 += (int32_t)x2[m * H + d] * q;
+            }
+            hi[l] = a1;
+            lo[l] = a2;
+        }
+        float a[16];
+        const float ex = sx[m] / 508.0f, xl1 = half_l1[m] + 0.5f * (float)H * ex;
+        for (int l = 0; l < 16; l++) ub[i * 16 + l] = lb[i * 16 + l] = -INFINITY;
+        if (v0 >= V) continue;
+        logits16(a, hi, lo, v0, s, qsum, sx[m], V);
+        bounds16(a, v0, s, wl1, ex, xl1, V, ub + i * 16, lb + i * 16);
+    }
     free(half_l1);
     free(sx);
     free(x1);

@@ -1,0 +1,82 @@
+"""A step's picks with the screened sampler: plain sampled rows are drawn from the int8 head
+(the full head never sees them); seeded, logprobs, processor, top_p-only and greedy rows keep
+their paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headrace.engine.head_picks import pick_tokens
+from headrace.engine.outputs import LogitsInputs, ScheduledRequest
+from headrace.engine.sampler import Sampler
+from headrace.engine.screened_sampler import ScreenedSampler
+from headrace.engine.structured import GrammarMasks
+from headrace.kernels.int8_head import Int8GreedyHead, supported
+from headrace.request import SamplingParams
+
+pytestmark = pytest.mark.skipif(
+    not supported(torch.zeros(1, 64, dtype=torch.bfloat16)),
+    reason="no C compiler or no AVX-512 VNNI: the int8 head is off",
+)
+
+
+def _req(rid: str, inputs: LogitsInputs | None = None, **params: float | int) -> ScheduledRequest:
+    return ScheduledRequest(rid, [1], 0, [0], True, SamplingParams(**params), 0, inputs)  # type: ignore[arg-type]
+
+
+def test_plain_sampled_rows_skip_the_full_head() -> None:
+    gen = torch.Generator().manual_seed(0)
+    w = (torch.randn(2000, 64, generator=gen) * 0.05).bfloat16()
+    head = Int8GreedyHead(w)
+    reqs = [
+        _req("plain"),
+        _req("greedy", temperature=0.0),
+        _req("seeded", seed=1),
+        _req("logprobs", logprobs=2),
+        _req("top_p", top_p=0.9),
+        _req("top_k", top_k=20, top_p=0.9),
+        _req("min_p", temperature=0.8, min_p=0.1),
+        _req("penalty", LogitsInputs([5], [], ()), presence_penalty=1.0),
+    ]
+    rows = torch.randn(len(reqs), 64, generator=gen).bfloat16()
+    seen: list[torch.Tensor] = []
+
+    def full_head(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x)
+        return x @ w.t()
+
+    grammars = GrammarMasks(lambda: "", 2000, ())
+    screened = ScreenedSampler(head, seed=0)
+    screened.min_rows = 1
+    picks = pick_tokens(rows, reqs, head, full_head, Sampler(0), grammars, screened)
+    assert len(seen) == 1
+    expect = rows[[2, 3, 4, 7]]  # seeded, logprobs, top_p alone, processors
+    assert torch.equal(seen[0], expect)
+    assert screened.stats.rows == 3  # plain, top_k, min_p
+    assert all(0 <= t < 2000 for t in picks.tokens)
+    assert picks.logprobs[3] is not None and picks.logprobs[0] is None
+    # without it, every non-greedy row takes the full head, as before
+    seen.clear()
+    pick_tokens(rows, reqs, head, full_head, Sampler(0), grammars)
+    assert torch.equal(seen[0], rows[[0, 2, 3, 4, 5, 6, 7]])
+
+
+def test_a_step_with_fewer_plain_sampled_rows_than_min_rows_takes_the_full_head() -> None:
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(2000, 64, generator=gen).bfloat16()
+    head = Int8GreedyHead(w)
+    reqs = [_req("a"), _req("b")]
+    rows = torch.randn(len(reqs), 64, generator=gen).bfloat16()
+    seen: list[torch.Tensor] = []
+
+    def full_head(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x)
+        return x @ w.t()
+
+    screened = ScreenedSampler(head, seed=0)
+    screened.min_rows = 3
+    pick_tokens(
+        rows, reqs, head, full_head, Sampler(0), GrammarMasks(lambda: "", 2000, ()), screened
+    )
+    assert torch.equal(seen[0], rows) and screened.stats.rows == 0
