@@ -35,8 +35,8 @@ from headrace.kernels.int8_head import Int8GreedyHead
 MAX_TOP_K = 1024  # past it the candidates are many: the reference path
 # Below it the bound (~0.1-0.3 wide) is many temperatures wide: few proposals are accepted.
 MIN_TEMPERATURE = 0.2
-PROPOSALS = 4  # per row and round, drawn together
-ROUNDS = 8
+PROPOSALS = 12  # per row and round, drawn together
+ROUNDS = 6
 MAX_GROUPS = 512  # a min_p row with its allowed tokens in at most these: rescored, no rejection
 
 
@@ -67,10 +67,11 @@ class ScreenStats:
 
 
 class ScreenedSampler:
-    # Fewest plain sampled rows a step hands it: on the first measurement (bench/sampled_head.py,
-    # a loaded 2-core EPYC without AMX) it was 1.24-1.6x the full head and the sampler at 16
-    # rows, 1.7-2.8x at 32-64, and slower at 4 (0.36-0.5x). Tests set it to 1.
-    min_rows = 16
+    # Fewest plain sampled rows a step hands it. bench/sampled_head.py on a quiet 2-core EPYC
+    # without AMX, 12 proposals a round: 1.59x the full head and the sampler at 1 row,
+    # 1.41-1.45x at 4, 1.13-1.17x at 16, 1.98-2.5x at 32-64 (an earlier, loaded run put 4 rows
+    # at 0.4x: noise); so every step. A deployment can raise it.
+    min_rows = 1
 
     def __init__(self, head: Int8GreedyHead, seed: int | None = None) -> None:
         self.env = Int8Envelope(head)
