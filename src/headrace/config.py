@@ -137,7 +137,9 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         for origin in self.origin_list:
-            if origin not in ("*", "null") and "://" not in origin:
+            if origin == "null":  # sandboxed frames and file: pages of any site send it
+                raise ValueError("allowed_origins: 'null' would let any page's sandboxed frame in")
+            if origin != "*" and "://" not in origin:
                 raise ValueError(f"allowed_origins: {origin!r} is not scheme://host[:port]")
         for host in self.host_list:
             if "/" in host or " " in host:

@@ -174,3 +174,11 @@ def test_dashboard_data_refuses_targets_it_cannot_use(plain: Server, query: str)
     assert get(plain, "/dashboard/data?ttft_ms=500&tpot_ms=50").status_code == 200
     assert get(plain, "/health").status_code == 200
     assert "Traceback" not in plain.log()
+
+
+@pytest.mark.parametrize("origins", ["null", "https://ok.example,null", "ok.example"])
+def test_origins_that_would_open_the_door_are_refused_at_start(origins: str) -> None:
+    from headrace.config import ServerConfig
+
+    with pytest.raises(ValueError, match="allowed_origins"):
+        ServerConfig(allowed_origins=origins)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -137,3 +138,23 @@ def test_rows_it_takes() -> None:
     penalised = LogitsInputs([3], [], ())
     processed = ScheduledRequest("p", [1], 0, [0], True, SamplingParams(), 0, penalised)
     assert not screened_row(processed, 262144)
+
+
+def test_a_row_whose_bound_breaks_goes_back_to_the_full_head(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With every upper bound lowered under the exact logits, an acceptance capped at 1 would
+    draw from exp(ub / T), not the softmax: such rows come back None (the full head's)."""
+    _, head = _head()
+    sampler = ScreenedSampler(head, seed=3)
+    bounds = sampler.env.group_bounds
+
+    def too_low(x: torch.Tensor, rows: torch.Tensor, groups: torch.Tensor) -> Any:
+        ub, lb = bounds(x, rows, groups)
+        return lb - 1.0, lb - 2.0
+
+    monkeypatch.setattr(sampler.env, "group_bounds", too_low)
+    x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(2)).bfloat16()
+    picks = sampler(x, [_req(temperature=1.0) for _ in range(3)], Sampler(seed=1))
+    assert picks == [None, None, None]
+    assert sampler.stats.violations == 3 and sampler.stats.fallbacks == 3

@@ -76,6 +76,7 @@ class FrontDoor(asyncio.Protocol):
     `transport`, `connections` and `cycle`, and is what `super()` reaches)."""
 
     front_door: ClassVar[FrontDoorLimits]
+    last_refusal_log: ClassVar[float] = float("-inf")  # loop time of its last log line
     send_timeouts: ClassVar[Tally] = Uncounted()
     app: Any
     loop: asyncio.AbstractEventLoop
@@ -174,7 +175,10 @@ class FrontDoor(asyncio.Protocol):
         """Past the connection cap: answer at once, before any request, and close; waiting for
         its request would let idle connections past the cap hold descriptors."""
         cap = self.front_door.max_connections
-        log.warning("refusing a connection: %d open, the limit is %d", self._admitted(), cap)
+        now = self.loop.time()
+        if now - self.last_refusal_log >= 1.0:  # a flood of connections is not a flood of lines
+            type(self).last_refusal_log = now
+            log.warning("refusing connections: %d open, the limit is %d", self._admitted(), cap)
         self.refused = True
         message = f"the server has too many open connections (limit {cap}); retry later"
         retry = [(b"retry-after", str(RETRY_AFTER_S).encode())]

@@ -227,6 +227,7 @@ class _Server(uvicorn.Server):
                 yield
         finally:
             loop.remove_signal_handler(signal.SIGHUP)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # not the default (exit) while closing
 
     def handle_hangup(self) -> None:
         """Runs on the event loop, between requests: the gateway swaps its tenants at once."""

@@ -176,10 +176,10 @@ class ProcessCore:
         if not self._pending and self._try_send(data):
             return
         if isinstance(msg, EngineCoreRequest) and len(self._pending) >= self.link.pending_limit:
-            raise CoreBusyError(
-                f"the engine core is not taking requests ({len(self._pending)} messages wait "
-                "for it); try again later"
+            log.warning(
+                "refusing a request: %d messages wait for the engine core", len(self._pending)
             )
+            raise CoreBusyError("the engine core is not taking requests; try again later")
         if not self._pending:
             log.warning("the engine core's inbox is full: holding messages until it reads")
         self._pending.append(data)

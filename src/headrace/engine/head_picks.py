@@ -107,7 +107,8 @@ def after_drafts(
     if not drawn:
         return [int(t) for t in argmax_rows(logits).tolist()]
     picks = [0] * len(rows)
-    greedy = [n for n in range(len(rows)) if n not in set(drawn)]
+    drawn_set = set(drawn)
+    greedy = [n for n in range(len(rows)) if n not in drawn_set]
     if greedy:
         index = torch.tensor(greedy, device=logits.device)
         for n, t in zip(greedy, argmax_rows(logits[index]).tolist(), strict=True):

@@ -189,18 +189,21 @@ class ScreenedSampler:
             tokens = groups.flatten() * 16 + lane
             upper = ub.gather(1, lane[:, None]).squeeze(1)
             logits = self._exact(x, row_ids[j], tokens)
-            self.stats.violations += int((logits > upper).sum())
+            broken = (logits > upper).view(len(active), PROPOSALS).any(dim=1)
+            self.stats.violations += int(broken.sum())
             u = torch.rand(len(tokens), generator=self.gen)
             ok = (u < torch.exp((logits - upper) * it[j])) & (logits >= allowed[j])
             ok = ok.view(len(active), PROPOSALS)
             first = ok.int().argmax(dim=1)  # the first accepted proposal of each row
-            done = ok.any(dim=1)
+            # A row whose bound broke would draw with a capped acceptance, biased: it goes
+            # back to the full head (None) instead.
+            done = ok.any(dim=1) & ~broken
             self.stats.proposals += int(torch.where(done, first + 1, PROPOSALS).sum())
             self.stats.accepted += int(done.sum())
             chosen = tokens.view(len(active), PROPOSALS).gather(1, first[:, None]).squeeze(1)
             for a, t in zip(active[done].tolist(), chosen[done].tolist(), strict=True):
                 out[rows[a]] = t
-            active = active[~done]
+            active = active[~done & ~broken]
             if not len(active):
                 return
 
