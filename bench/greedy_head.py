@@ -63,6 +63,19 @@ def mean_ms(fn: Callable[[torch.Tensor], object], xs: list[torch.Tensor], repeat
     return round(1000 * total / len(xs), 2)
 
 
+def head_runner(counts: list[int]) -> tuple[ModelRunner, int8_head.Int8GreedyHead]:
+    """The default model's runner with room for the largest step of `counts`, and its int8
+    head taking steps of every size (the capture goes through it)."""
+    runner = ModelRunner(
+        ModelConfig(dtype="auto", device="cpu"),
+        CacheConfig(block_size=16, num_kv_blocks=max(counts) * 40 + 64),
+    )
+    head = runner.wait_greedy_head()
+    assert head is not None and runner.model_dir is not None, "needs bf16 with the int8 head"
+    head.max_rows = max(head.max_rows, max(counts))
+    return runner, head
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rows", default="16,32")
@@ -70,15 +83,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     counts = [int(r) for r in args.rows.split(",")]
-    runner = ModelRunner(
-        ModelConfig(dtype="auto", device="cpu"),
-        CacheConfig(block_size=16, num_kv_blocks=max(counts) * 40 + 64),
-    )
-    head = runner.wait_greedy_head()
+    runner, head = head_runner(counts)
     packed = runner.model.packed_head
-    assert head is not None and packed is not None, "needs bf16 with the int8 head and oneDNN"
-    assert runner.model_dir is not None
-    head.max_rows = max(head.max_rows, max(counts))  # capture through the head at every size
+    assert packed is not None and runner.model_dir is not None, "needs oneDNN's packed head"
     tok = load_tokenizer(runner.model_dir)
     words = Workload(kind="uniform", prompt_len=(32, 256), output_len=(64, 64), seed=5)
     gen = torch.Generator().manual_seed(1)

@@ -17,10 +17,9 @@ import time
 from typing import Any
 
 import torch
-from greedy_head import capture
+from greedy_head import capture, head_runner
 
 from headrace.bench.workloads import Workload
-from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.model_runner import ModelRunner
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.sampler import Sampler
@@ -37,13 +36,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     counts = [int(r) for r in args.rows.split(",")]
-    runner = ModelRunner(
-        ModelConfig(dtype="auto", device="cpu"),
-        CacheConfig(block_size=16, num_kv_blocks=max(counts) * 40 + 64),
-    )
-    head = runner.wait_greedy_head()
-    assert head is not None and runner.model_dir is not None, "needs bf16 with the int8 head"
-    head.max_rows = max(head.max_rows, max(counts))
+    runner, _ = head_runner(counts)
+    assert runner.model_dir is not None
     tok = load_tokenizer(runner.model_dir)
     words = Workload(kind="uniform", prompt_len=(32, 256), output_len=(64, 64), seed=5)
     report: dict[str, Any] = {"cpu": _cpu_name(), "threads": torch.get_num_threads()}
