@@ -7,6 +7,10 @@ and 32 concurrent streams, two closed-loop clients:
 * vLLM's own `bench serve` (vllm_client.py, when the vLLM venv exists): random-token prompts of
   128-384 tokens, 32-96 output tokens, greedy.
 
+Each runs once per sampling setting of `--sampling` (default both: `greedy`, temperature 0,
+and `t0.8`, temperature 0.8; `t1.0p0.95` adds temperature 1 with top_p 0.95): a lead that
+holds for greedy requests only is not a lead (clients send temperature 1 by default).
+
 Every level (and the warm-up) draws fresh prompts (its own seed), so a server with a prefix
 cache gets no free hits from an earlier level. Then it stops the server, prints one JSON table
 (output tokens/s, TTFT p50 and p95 per server, client and level, Headrace over the best peer)
@@ -18,6 +22,7 @@ vLLM needs a dense bf16 HF directory of the same weights: made here with `headra
 
   .venv/bin/python bench/peers/compare.py --out bench/out/compare
   .venv/bin/python bench/peers/compare.py --servers headrace,llamacpp --levels 1,4
+  .venv/bin/python bench/peers/compare.py --sampling t0.8,t1.0p0.95 --levels 1,16,32,64
 """
 
 from __future__ import annotations
@@ -111,8 +116,17 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-async def measure(url: str, peer: Peer, workload: Workload, args: argparse.Namespace) -> list[dict]:
-    target = Target(url=url, connection_per_request=peer.connection_per_request, timeout=600)
+SAMPLING = {"greedy": (0.0, 1.0), "t0.8": (0.8, 1.0), "t1.0p0.95": (1.0, 0.95)}
+
+
+async def measure(
+    url: str, peer: Peer, workload: Workload, args: argparse.Namespace, sampling: str
+) -> list[dict]:
+    temperature, top_p = SAMPLING[sampling]
+    target = Target(
+        url=url, connection_per_request=peer.connection_per_request, timeout=600,
+        temperature=temperature, top_p=top_p,
+    )  # fmt: skip
     target = await preflight(target)
     warm = Bounds(num_requests=args.warmup, drain_timeout=120)
     if args.warmup:
@@ -164,15 +178,23 @@ def run_peer(name: str, workload: Workload, args: argparse.Namespace) -> dict[st
         t0 = time.monotonic()
         wait_healthy(url, proc, peer.start_timeout, log)
         ready_s = time.monotonic() - t0
-        rows = asyncio.run(measure(url, peer, workload, args))
-        vllm_rows = []
-        if "vllm" in args.clients and vllm_client.available():
-            for level in args.levels:
-                n = max(args.min_requests, args.rounds * level)
-                row = vllm_client.run_level(url, args.hf_dir, level, n, seed=1000 + level)
-                print(f"{name} @ {level} (vllm bench serve): {row}", file=sys.stderr)
-                vllm_rows.append(row)
-        return {"ready_s": ready_s, "levels": rows, "vllm_bench_serve": vllm_rows, "log": str(log)}
+        out: dict[str, Any] = {"ready_s": ready_s, "log": str(log)}
+        for sampling in args.sampling:
+            rows = asyncio.run(measure(url, peer, workload, args, sampling))
+            vllm_rows = []
+            if "vllm" in args.clients and vllm_client.available():
+                temperature, top_p = SAMPLING[sampling]
+                for level in args.levels:
+                    n = max(args.min_requests, args.rounds * level)
+                    row = vllm_client.run_level(
+                        url, args.hf_dir, level, n, 1000 + level, temperature, top_p
+                    )
+                    print(f"{name} @ {level} {sampling} (vllm bench serve): {row}", file=sys.stderr)
+                    vllm_rows.append(row)
+            suffix = "" if sampling == "greedy" else f"_{sampling}"
+            out[f"levels{suffix}"] = rows
+            out[f"vllm_bench_serve{suffix}"] = vllm_rows
+        return out
     except BenchError as exc:
         return {"error": str(exc), "levels": [], "log": str(log)}
     finally:
@@ -205,12 +227,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, data in result["servers"].items():
-        rows = data.get("levels", [])
-        if not rows:
-            continue
-        x = [r["concurrency"] for r in rows]
-        ax_t.plot(x, [r["output_tokens_per_s"] for r in rows], "o-", label=name)
-        ax_l.plot(x, [r["ttft_p95_s"] or float("nan") for r in rows], "s--", label=name)
+        for key, rows in data.items():
+            if not key.startswith("levels") or not rows:
+                continue
+            label = f"{name} {key.removeprefix('levels').lstrip('_') or 'greedy'}"
+            x = [r["concurrency"] for r in rows]
+            ax_t.plot(x, [r["output_tokens_per_s"] for r in rows], "o-", label=label)
+            ax_l.plot(x, [r["ttft_p95_s"] or float("nan") for r in rows], "s--", label=label)
     for ax, title, unit in ((ax_t, "Output tokens/s", "tokens/s"), (ax_l, "TTFT p95", "s")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(result["levels"], [str(v) for v in result["levels"]])
@@ -255,9 +278,13 @@ def main() -> int:
     p.add_argument("--hf-dir", default=str(WORK / "gemma3-270m-bf16"), help="vLLM's model dir")
     p.add_argument("--headrace-args", default="", help="extra `headrace serve` flags")
     p.add_argument("--clients", default="headrace,vllm", help="headrace.bench and/or vllm's")
+    p.add_argument("--sampling", default="greedy,t0.8", help=f"settings, of {', '.join(SAMPLING)}")
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "compare"))
     args = p.parse_args()
     args.levels = [int(v) for v in args.levels.split(",")]
+    args.sampling = [s for s in args.sampling.split(",") if s]
+    if unknown := set(args.sampling) - set(SAMPLING):
+        raise SystemExit(f"unknown --sampling {sorted(unknown)}: use {', '.join(SAMPLING)}")
     args.gguf = args.gguf or default_gguf()
     lo, _, hi = args.prompt_len.partition(":")
     workload = Workload(
@@ -274,9 +301,14 @@ def main() -> int:
         "prompt_tokens_per_word": tokens_per_word(workload, Path(args.hf_dir)),
         "levels": args.levels,
         "servers": servers,
-        "headrace_over_best_peer": ratios(servers, args.levels),
-        "headrace_over_best_peer_vllm_client": ratios(servers, args.levels, "vllm_bench_serve"),
+        "sampling": {s: SAMPLING[s] for s in args.sampling},
     }
+    for s in args.sampling:
+        suffix = "" if s == "greedy" else f"_{s}"
+        result[f"headrace_over_best_peer{suffix}"] = ratios(servers, args.levels, f"levels{suffix}")
+        result[f"headrace_over_best_peer_vllm_client{suffix}"] = ratios(
+            servers, args.levels, f"vllm_bench_serve{suffix}"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(result, indent=1))

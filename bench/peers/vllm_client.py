@@ -3,8 +3,8 @@ from the vLLM venv against any OpenAI-compatible server on 127.0.0.1, one level 
 
 Its defaults here are the issue's: prompts of 128-384 random tokens, 32-96 output tokens
 (`--random-input-len 256 --random-output-len 64 --random-range-ratio 0.5`), `ignore_eos`,
-greedy, closed loop at `--max-concurrency` streams; a fresh seed per level, so no level
-replays another's prompts.
+greedy unless a temperature (and top_p) is given, closed loop at `--max-concurrency` streams;
+a fresh seed per level, so no level replays another's prompts.
 """
 
 from __future__ import annotations
@@ -29,7 +29,15 @@ def served_model(url: str) -> str:
         return str(json.load(resp)["data"][0]["id"])
 
 
-def run_level(url: str, tokenizer: str, level: int, num_prompts: int, seed: int) -> dict[str, Any]:
+def run_level(
+    url: str,
+    tokenizer: str,
+    level: int,
+    num_prompts: int,
+    seed: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
             str(VLLM_PY), str(HERE / "vllm_bench_serve.py"),
@@ -37,7 +45,8 @@ def run_level(url: str, tokenizer: str, level: int, num_prompts: int, seed: int)
             "--model", served_model(url), "--tokenizer", tokenizer,
             "--dataset-name", "random", "--random-input-len", "256",
             "--random-output-len", "64", "--random-range-ratio", "0.5",
-            "--ignore-eos", "--temperature", "0", "--max-concurrency", str(level),
+            "--ignore-eos", "--temperature", str(temperature), "--top-p", str(top_p),
+            "--max-concurrency", str(level),
             "--num-prompts", str(num_prompts), "--seed", str(seed), "--num-warmups", "0",
             "--save-result", "--result-dir", tmp, "--result-filename", "r.json",
             "--disable-tqdm", "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50,95",

@@ -27,6 +27,7 @@ class Target:
     api_key: str | None = None
     ignore_eos: bool = True
     temperature: float = 0.0
+    top_p: float = 1.0
     connection_per_request: bool = False
     timeout: float = 300.0
 
@@ -41,6 +42,8 @@ class Target:
             "temperature": self.temperature,
             "stream": True,
         }
+        if self.top_p < 1.0:
+            body["top_p"] = self.top_p
         if self.model is not None:
             body["model"] = self.model
         if self.api == "completions":
