@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 GREEDY_BELOW_TEMPERATURE = 1e-5  # a smaller temperature samples greedily
 _MAX_INT = (1 << 31) - 1  # counts (max_tokens, top_k, token ids) fit an int32
 MAX_GRAMMAR_CHARS = 1_000_000  # as the request body limit
-MAX_PENALTY = 2.0  # presence and frequency penalties in [-2, 2], repetition in (0, 2] (OpenAI)
+MAX_PENALTY = 2.0  # presence and frequency penalties in [-2, 2] (OpenAI), repetition up to 2
+# A positive logit is divided by the repetition penalty: near 0 that is inf, and a row of
+# infinities samples NaN. 0.01 makes a logit of 30 at most 3,000.
+MIN_REPETITION_PENALTY = 0.01
 MAX_LOGIT_BIAS = 100.0  # biases in [-100, 100]
 MAX_LOGIT_BIAS_ENTRIES = 300  # as OpenAI
 MAX_BAD_WORD_SEQUENCES = 128  # token sequences (a word gives one or two: with a leading space)
@@ -129,8 +132,11 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             _check_range(name, getattr(self, name), -MAX_PENALTY, MAX_PENALTY)
         _check_real("repetition_penalty", self.repetition_penalty)
-        if not 0 < self.repetition_penalty <= MAX_PENALTY:
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_PENALTY:
+            raise ValueError(
+                f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, {MAX_PENALTY:g}], "
+                f"got {self.repetition_penalty}"
+            )
         _check_range("min_p", self.min_p, 0.0, 1.0)
         _check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
         _check_logit_bias(self.logit_bias)

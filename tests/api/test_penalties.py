@@ -19,6 +19,7 @@ BAD: list[tuple[str, Any]] = [
     ("presence_penalty", "1"),
     ("frequency_penalty", -2.01),
     ("repetition_penalty", 0),
+    ("repetition_penalty", 5e-324),  # infinite logits: NaN draws, a token the grammar refuses
     ("repetition_penalty", 2.5),
     ("min_p", 1.5),
     ("min_p", -0.1),

@@ -73,6 +73,7 @@ def test_the_wire_sends_the_time_left_not_a_clock() -> None:
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"frequency_penalty": math.inf}, "frequency_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"repetition_penalty": 0.001}, "repetition_penalty"),
         ({"min_p": 1.01}, "min_p"),
         ({"min_tokens": -1}, "min_tokens"),
         ({"logit_bias": {"x": 1.0}}, "logit_bias"),

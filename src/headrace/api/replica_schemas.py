@@ -18,6 +18,7 @@ from headrace.request import (
     MAX_BAD_WORD_TOKENS,
     MAX_GRAMMAR_CHARS,
     MAX_PENALTY,
+    MIN_REPETITION_PENALTY,
     SamplingParams,
 )
 
@@ -49,7 +50,7 @@ class WireParams(BaseModel):
     grammar: Text | None = Field(default=None, min_length=1, max_length=MAX_GRAMMAR_CHARS)
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    repetition_penalty: float = Field(default=1.0, gt=0, le=MAX_PENALTY)
+    repetition_penalty: float = Field(default=1.0, ge=MIN_REPETITION_PENALTY, le=MAX_PENALTY)
     logit_bias: LogitBias = Field(default_factory=dict)  # as the API: {"token id": bias}
     min_p: float = Field(default=0.0, ge=0, le=1)
     min_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS_LIMIT)

@@ -14,7 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from headrace.api.structured import StructuredFields
 from headrace.api.text import Text
 from headrace.api.unsupported import ChatExtras, CompletionExtras
-from headrace.request import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_PENALTY
+from headrace.request import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_PENALTY,
+    MIN_REPETITION_PENALTY,
+)
 
 MAX_N = 16  # choices of one request (`n`); each is computed, the prompt once
 MAX_TOKENS_LIMIT = 1_000_000  # schema bound; the model's context is the real limit
@@ -60,7 +65,10 @@ class SamplingFields(StructuredFields):
     presence_penalty: Penalty | None = Field(None, description="minus this once per token seen")
     frequency_penalty: Penalty | None = Field(None, description="minus this per occurrence")
     repetition_penalty: float | None = Field(
-        None, gt=0, le=MAX_PENALTY, description="prompt + output tokens: /r if > 0, else *r"
+        None,
+        ge=MIN_REPETITION_PENALTY,
+        le=MAX_PENALTY,
+        description="prompt + output tokens: /r if > 0, else *r",
     )
     logit_bias: LogitBias | None = Field(None, description="token id -> bias added to its logit")
     min_p: float | None = Field(None, ge=0, le=1, description="drop p < min_p * max p")

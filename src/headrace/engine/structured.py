@@ -144,8 +144,10 @@ class GrammarMasks:
             elif state.matcher.consume_token(token):
                 state.consumed += 1
             else:
-                error = state.matcher.get_error()
-                ends.errors[s.request_id] = f"token {token} breaks its grammar: {error}"
+                # The parser's state is for the log; the caller gets the fact.
+                log.warning("request %s: token %d breaks its grammar: %s", s.request_id, token,
+                            state.matcher.get_error())  # fmt: skip
+                ends.errors[s.request_id] = f"token {token} does not fit the request's grammar"
 
     def drop(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:
