@@ -27,8 +27,11 @@ def server(
 ) -> Iterator[Server]:
     args = serve_args(
         f"alpha={tiny_models['alpha']}:2",
-        extra=("--max-num-seqs", "2", "--replica-stall-timeout-s", str(STALL_S)),
-    )
+        # No speculation: the tiny model repeats itself, and with drafts a 200-token stream
+        # could end in the 0.3 s before the kill (the kill test's snapshot then lied).
+        extra=("--max-num-seqs", "2", "--replica-stall-timeout-s", str(STALL_S),
+               "--num-speculative-tokens", "0"),
+    )  # fmt: skip
     with running(args, tmp_path_factory.mktemp("replicas")) as s:
         yield s
 
@@ -111,7 +114,7 @@ def text(events: list[dict[str, Any]]) -> str:
 
 def test_sigkill_a_replica_mid_load_resumes_its_streams(server: Server) -> None:
     url = server.url
-    n, max_tokens = 10, 200
+    n, max_tokens = 10, 480  # long enough that no stream ends before the kill on a fast host
     bodies = [body(max_tokens, start=5 + 37 * i, stream=i % 2 == 0) for i in range(n)]
     counts = httpx.get(url + "/v1/stats").json()["models"]["alpha"]
 
@@ -128,7 +131,7 @@ def test_sigkill_a_replica_mid_load_resumes_its_streams(server: Server) -> None:
                     )
 
                 await asyncio.to_thread(wait_for, all_started, 30, "every request placed")
-                await asyncio.sleep(0.3)  # the running ones have streamed some tokens
+                await asyncio.sleep(0.1)  # the running ones have streamed some tokens
                 victim = (await asyncio.to_thread(replicas, url, "alpha"))[0]
                 os.kill(victim["pid"], signal.SIGKILL)
             results = await asyncio.wait_for(asyncio.gather(*tasks), 90)  # nobody hangs
