@@ -7,7 +7,6 @@ The server runs with `HEADRACE_FAULT_POISON_TOKEN`: a step computing that token 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from factories import Server, read_metrics, serving, sse_events, tiny_server_args
+from factories import Server, read_metrics, serving, stream_text, tiny_server_args
 
 POISON = 300
 GOOD = [
@@ -35,23 +34,12 @@ def poisoned_server(
     yield from serving(tiny_server_args(api_model_dir), tmp_path_factory.mktemp("logs"), env)
 
 
-async def _stream(c: httpx.AsyncClient, body: dict[str, object], started: asyncio.Event) -> str:
-    async with c.stream("POST", "/v1/completions", json=body) as r:
-        assert r.status_code == 200
-        events = []
-        async for line in r.aiter_lines():
-            events.extend(sse_events([line]))
-            started.set()
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
-    assert chunks[-1]["finish_reason"] == "length"
-    return "".join(ch["text"] for ch in chunks)
-
-
 async def _run(url: str, poisoned: dict[str, object] | None) -> tuple[list[str], httpx.Response]:
     async with httpx.AsyncClient(base_url=url, timeout=60) as c:
         started = [asyncio.Event() for _ in GOOD]
-        streams = asyncio.gather(*(_stream(c, b, e) for b, e in zip(GOOD, started, strict=True)))
+        streams = asyncio.gather(
+            *(stream_text(c, b, e) for b, e in zip(GOOD, started, strict=True))
+        )
         # Every good stream is decoding when the poisoned prompt's prefill joins their step.
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 30)
         bad = await c.post("/v1/completions", json=poisoned) if poisoned else httpx.Response(0)

@@ -6,7 +6,6 @@ is a 400."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import httpx
 import llguidance
 import pytest
-from factories import Server, serving, sse_events, tiny_server_args
+from factories import Server, serving, stream_text, tiny_server_args
 
 RETRY_LOG = "retrying it in halves"
 BYSTANDERS = [
@@ -39,23 +38,11 @@ def first_tokens(model_dir: Path, regex: str) -> list[int]:
     return [t for t, allowed in enumerate(mask) if allowed]
 
 
-async def _stream(c: httpx.AsyncClient, body: dict[str, Any], started: asyncio.Event) -> str:
-    async with c.stream("POST", "/v1/completions", json=body) as r:
-        assert r.status_code == 200
-        events = []
-        async for line in r.aiter_lines():
-            events.extend(sse_events([line]))
-            started.set()
-    chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
-    assert chunks[-1]["finish_reason"] == "length"
-    return "".join(ch["text"] for ch in chunks)
-
-
 async def _run(url: str, constrained: list[dict[str, Any]]) -> tuple[list[str], list[Any]]:
     async with httpx.AsyncClient(base_url=url, timeout=60) as c:
         started = [asyncio.Event() for _ in BYSTANDERS]
         streams = asyncio.gather(
-            *(_stream(c, b, e) for b, e in zip(BYSTANDERS, started, strict=True))
+            *(stream_text(c, b, e) for b, e in zip(BYSTANDERS, started, strict=True))
         )
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 30)
         done = await asyncio.gather(*(c.post("/v1/completions", json=b) for b in constrained))

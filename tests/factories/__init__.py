@@ -48,6 +48,7 @@ from factories.servers import (
     serving,
     sse_events,
     start_server,
+    stream_text,
     tiny_server_args,
     wait_for,
     write_tenants,
@@ -71,6 +72,6 @@ __all__ = [
     "make_chat_tokenizer", "make_prompt", "make_request", "make_scheduler",
     "make_sentencepiece_tokenizer", "make_tiny", "make_tiny_llama", "make_word_tokenizer",
     "permute", "prompts", "read_metrics", "replicas", "routed", "running", "serve_args",
-    "serving", "sse_events", "start_server", "tiny_server_args", "wait_for", "word_prompt",
-    "write_tenants", "write_tiny_gguf",
+    "serving", "sse_events", "start_server", "stream_text", "tiny_server_args", "wait_for",
+    "word_prompt", "write_tenants", "write_tiny_gguf",
 ]  # fmt: skip

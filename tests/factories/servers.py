@@ -8,6 +8,8 @@ context manager (a clean stop must exit 0). `tiny_server_args(model_dir)` serves
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import socket
@@ -162,6 +164,24 @@ def read_metrics(url: str, headers: dict[str, str] | None = None) -> dict[str, f
 def sse_events(lines: Iterable[str]) -> list[str]:
     """The `data:` payloads of an SSE stream, in order."""
     return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+
+
+async def stream_text(
+    c: httpx.AsyncClient, body: dict[str, Any], started: asyncio.Event | None = None
+) -> str:
+    """A streamed /v1/completions' text, asserting it ran to `length` and `[DONE]`; `started`
+    is set at its first line (a bystander of a test that waits for its streams to be under way)."""
+    async with c.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        events = []
+        async for line in r.aiter_lines():
+            events.extend(sse_events([line]))
+            if started is not None:
+                started.set()
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
+    assert chunks[-1]["finish_reason"] == "length"
+    return "".join(ch["text"] for ch in chunks)
 
 
 def replicas(url: str, model: str) -> list[dict[str, Any]]:
