@@ -70,7 +70,8 @@ def pick_tokens(
     flat = [0] * n
     on_head = [i for i in range(n) if greedy[i]]
     if head is not None and on_head:
-        for i, t in zip(on_head, head_argmax(head, rows[on_head]), strict=True):
+        x = rows if len(on_head) == n else rows[on_head]  # all greedy: no copy
+        for i, t in zip(on_head, head_argmax(head, x), strict=True):
             flat[i] = t
     logprobs: list[TokenLogprobs | None] = [None] * s
     ends = GrammarEnds()  # none on the int8 head: a constrained row never goes there
