@@ -1,0 +1,66 @@
+"""top_p's partial sort (sampler._top_p) keeps the set a float64 full sort keeps (its mass
+to the float32 logits' precision), on rows from peaked to flat, over a vocabulary large
+enough that the partial path is taken."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headrace.engine.sampler import TOP_P_FIRST, _top_p
+
+VOCAB = 20_000
+
+
+def _full_sort_keep(x: torch.Tensor, p: float) -> torch.Tensor:
+    """[V] bool: the reference set, from a float64 sort of the whole row (mass reaching p to
+    1e-6, the rule _top_p documents)."""
+    probs = torch.softmax(x.double(), dim=-1)
+    vals, order = probs.sort(descending=True)
+    drop = (vals.cumsum(-1) - vals) >= p - 1e-6
+    drop[0] = False
+    return torch.zeros_like(drop).scatter_(0, order, drop).logical_not()
+
+
+def _rows() -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    scales = [0.05, 0.5, 1.0, 2.0, 4.0, 8.0]  # flat (a set of ~19k) to peaked
+    rows = [torch.randn(VOCAB, generator=g) * s for s in scales]
+    one = torch.randn(VOCAB, generator=g)
+    one[7] = 40.0  # one token holds all but ~1e-13
+    rows.append(one)
+    rows.append(torch.randn(VOCAB, generator=g).round())  # many exact ties at the edge
+    masked = torch.randn(VOCAB, generator=g) * 2
+    masked[::3] = float("-inf")  # an earlier min_p / top_k cut
+    rows.append(masked)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("p", [0.01, 0.5, 0.9, 0.95, 0.999])
+def test_partial_sort_keeps_the_full_sorts_set(p: float) -> None:
+    x = _rows()
+    out = _top_p(x, [p] * len(x))
+    for row in range(len(x)):
+        kept = out[row] > float("-inf")
+        want = _full_sort_keep(x[row], p)
+        probs = torch.softmax(x[row].double(), dim=-1)
+        # a prefix of the row by likelihood (ties at the edge may go either way) ...
+        assert x[row][kept].min() >= x[row][~kept].max(), (row, p)
+        # ... whose mass is the reference's
+        assert abs(float(probs[kept].sum() - probs[want].sum())) < 1e-9, (row, p)
+        assert float(probs[kept].sum()) >= p - 1e-6
+        assert torch.equal(out[row][kept], x[row][kept])  # kept logits untouched
+
+
+def test_sizes_span_the_partial_and_the_whole_sort() -> None:
+    x = _rows()
+    kept = (_top_p(x, [0.95] * len(x)) > float("-inf")).sum(-1)
+    assert int(kept.min()) == 1  # the row with one likely token
+    assert int(kept.max()) > TOP_P_FIRST * 8  # scale 0.05: most of the row
+
+
+def test_rows_without_top_p_are_untouched() -> None:
+    x = _rows()
+    out = _top_p(x, [1.0, 0.9] + [1.0] * (len(x) - 2))
+    assert torch.equal(out[0], x[0]) and torch.equal(out[2:], x[2:])
+    assert not torch.equal(out[1], x[1])
