@@ -4,12 +4,17 @@ enough that the partial path is taken."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from headrace.engine.sampler import TOP_P_FIRST, _top_p
+from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.sampler import TOP_P_FIRST, Sampler, _top_p
+from headrace.request import SamplingParams
 
 VOCAB = 20_000
+PARAMS = SamplingParams(temperature=1.0, top_p=0.9)
 
 
 def _full_sort_keep(x: torch.Tensor, p: float) -> torch.Tensor:
@@ -64,3 +69,23 @@ def test_rows_without_top_p_are_untouched() -> None:
     out = _top_p(x, [1.0, 0.9] + [1.0] * (len(x) - 2))
     assert torch.equal(out[0], x[0]) and torch.equal(out[2:], x[2:])
     assert not torch.equal(out[1], x[1])
+
+
+def test_draws_from_a_wide_set_follow_its_renormalized_mass() -> None:
+    """2,000 tokens at logit 0 (A), 2,000 at -1 (B), the rest at -20: top_p 0.9 keeps all of
+    A and enough of B (a set of ~3.3k, past TOP_P_FIRST); a draw is from A with probability
+    mass(A) / mass(kept) and never from the tail."""
+    x = torch.full((VOCAB,), -20.0)
+    x[:2000], x[2000:4000] = 0.0, -1.0
+    z = float(torch.exp(x.double()).sum())
+    mass_a = 2000 / z
+    draws = [
+        Sampler(seed=s)(x[None], [ScheduledRequest("r", [1], 0, [0], True, PARAMS, 0)])[0][0]
+        for s in range(3000)
+    ]
+    from_a = sum(t < 2000 for t in draws) / len(draws)
+    want = mass_a / 0.9  # kept mass is 0.9 to within one B token's (~1.3e-4)
+    assert abs(from_a - want) < 4 * (want * (1 - want) / len(draws)) ** 0.5
+    assert max(draws) < 4000
+    kept_b = int((_top_p(x[None], [0.9])[0, 2000:4000] > float("-inf")).sum())
+    assert abs(kept_b - (0.9 - mass_a) * z / math.exp(-1)) <= 1
