@@ -1,4 +1,4 @@
-"""top_p on real logits: the sampler with its partial sort (sampler._top_p) against a full
+"""top_p on real logits: the sampler with its partial sort (engine/top_p.py) against a full
 sort of every row (the path before it), on the same captured rows. Prints JSON.
 
     flock /tmp/bench.lock .venv/bin/python bench/sampler_top_p.py --rows 1,16,32
@@ -27,14 +27,14 @@ from headrace.bench.workloads import Workload
 from headrace.engine import sampler as sampler_mod
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.sampler import Sampler
+from headrace.engine.top_p import TopPSets, top_p_mask
 from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import SamplingParams
 
 
-def full_sort_top_p(x: torch.Tensor, ps: list[float]) -> torch.Tensor:
-    """The path before: sort all of each row."""
+def full_sort_top_p(x: torch.Tensor, ps: list[float]) -> TopPSets:
+    """The path before: sort all of each row, draw over the whole masked row."""
     rows = [i for i, p in enumerate(ps) if p < 1.0]
-    x = x.clone()
     sub = x[rows]
     sorted_x, order = sub.sort(dim=-1, descending=True)
     probs = torch.softmax(sorted_x, dim=-1)
@@ -78,16 +78,16 @@ def main() -> None:
 def _compare(logits: torch.Tensor, t: float, p: float, repeats: int) -> dict[str, Any]:
     params = SamplingParams(temperature=t, top_p=p)
     reqs = [ScheduledRequest(str(i), [1], 0, [0], True, params, 0) for i in range(len(logits))]
-    partial = sampler_mod._top_p
+    partial = sampler_mod.top_p_sets
     times: dict[str, list[float]] = {"full_sort": [], "partial": []}
     for _ in range(repeats):
         for name, fn in (("full_sort", full_sort_top_p), ("partial", partial)):
-            sampler_mod._top_p = fn  # type: ignore[assignment]
+            sampler_mod.top_p_sets = fn  # type: ignore[assignment]
             start = time.perf_counter()
             Sampler(seed=0)(logits, reqs)
             times[name].append(time.perf_counter() - start)
-    sampler_mod._top_p = partial
-    kept = (partial(logits.float() / t, [p] * len(logits)) > float("-inf")).sum(-1)
+    sampler_mod.top_p_sets = partial
+    kept = (top_p_mask(logits.float() / t, [p] * len(logits)) > float("-inf")).sum(-1)
     full, part = (statistics.median(times[k]) for k in ("full_sort", "partial"))
     return {
         "full_sort_ms": round(1000 * full, 1),

@@ -1,4 +1,4 @@
-"""top_p's partial sort (sampler._top_p) keeps the set a float64 full sort keeps (its mass
+"""top_p's partial sort (engine/top_p.py) keeps the set a float64 full sort keeps (its mass
 to the float32 logits' precision), on rows from peaked to flat, over a vocabulary large
 enough that the partial path is taken."""
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.sampler import TOP_P_FIRST, Sampler, _top_p
+from headrace.engine.sampler import Sampler
+from headrace.engine.top_p import TOP_P_FIRST, top_p_mask, top_p_sets
 from headrace.request import SamplingParams
 
 VOCAB = 20_000
@@ -44,7 +45,7 @@ def _rows() -> torch.Tensor:
 @pytest.mark.parametrize("p", [0.01, 0.5, 0.9, 0.95, 0.999])
 def test_partial_sort_keeps_the_full_sorts_set(p: float) -> None:
     x = _rows()
-    out = _top_p(x, [p] * len(x))
+    out = top_p_mask(x, [p] * len(x))
     for row in range(len(x)):
         kept = out[row] > float("-inf")
         want = _full_sort_keep(x[row], p)
@@ -59,14 +60,14 @@ def test_partial_sort_keeps_the_full_sorts_set(p: float) -> None:
 
 def test_sizes_span_the_partial_and_the_whole_sort() -> None:
     x = _rows()
-    kept = (_top_p(x, [0.95] * len(x)) > float("-inf")).sum(-1)
+    kept = (top_p_mask(x, [0.95] * len(x)) > float("-inf")).sum(-1)
     assert int(kept.min()) == 1  # the row with one likely token
     assert int(kept.max()) > TOP_P_FIRST * 8  # scale 0.05: most of the row
 
 
 def test_rows_without_top_p_are_untouched() -> None:
     x = _rows()
-    out = _top_p(x, [1.0, 0.9] + [1.0] * (len(x) - 2))
+    out = top_p_mask(x, [1.0, 0.9] + [1.0] * (len(x) - 2))
     assert torch.equal(out[0], x[0]) and torch.equal(out[2:], x[2:])
     assert not torch.equal(out[1], x[1])
 
@@ -87,5 +88,18 @@ def test_draws_from_a_wide_set_follow_its_renormalized_mass() -> None:
     want = mass_a / 0.9  # kept mass is 0.9 to within one B token's (~1.3e-4)
     assert abs(from_a - want) < 4 * (want * (1 - want) / len(draws)) ** 0.5
     assert max(draws) < 4000
-    kept_b = int((_top_p(x[None], [0.9])[0, 2000:4000] > float("-inf")).sum())
+    kept_b = int((top_p_mask(x[None], [0.9])[0, 2000:4000] > float("-inf")).sum())
     assert abs(kept_b - (0.9 - mass_a) * z / math.exp(-1)) <= 1
+
+
+def test_sets_are_in_vocabulary_order_and_padded_with_their_own_ids() -> None:
+    x = _rows()
+    sets = top_p_sets(x, [0.9] * len(x))
+    assert sets is not None and sets.rows == list(range(len(x)))
+    for row in range(len(x)):
+        real = sets.logits[row] > float("-inf")
+        ids = sets.ids[row][real]
+        assert torch.equal(ids, ids.sort().values)
+        assert torch.equal(sets.logits[row][real], x[row][ids])
+        assert set(sets.ids[row][~real].tolist()) <= set(ids.tolist())
+    assert top_p_sets(x, [1.0] * len(x)) is None

@@ -12,7 +12,6 @@ else shares its batch, and again after preemption and recompute.
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 from collections.abc import Sequence
 
@@ -21,11 +20,9 @@ import torch
 from headrace.engine.logits_processors import apply_processors
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.top_p import top_p_sets
 from headrace.kernels.argmax import argmax_rows
 from headrace.request import GREEDY_BELOW_TEMPERATURE
-
-TOP_P_FIRST = 1024  # the least partial sort of a top_p row
-BUCKETS_PER_NAT = 4 / math.log(2)  # quarter octaves of probability
 
 
 def seeded_uniform(seed: int, step: int) -> float:
@@ -101,22 +98,37 @@ class Sampler:
         x = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
         x = _min_p(x, [r.params.min_p for r in reqs])
         x = _top_k(x, [r.params.top_k for r in reqs])
-        x = _top_p(x, [r.params.top_p for r in reqs])
-        probs = torch.softmax(x, dim=-1)  # [R, V]
-        cdf = probs.cumsum(dim=-1)
+        sets = top_p_sets(x, [r.params.top_p for r in reqs])
         offsets = ahead if ahead is not None else [0] * len(reqs)
         uniforms = [self._uniform(r, k) for r, k in zip(reqs, offsets, strict=True)]
-        u = torch.tensor(uniforms, device=device, dtype=cdf.dtype)
-        target = (u * cdf[:, -1])[:, None]  # [R, 1]
-        idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first cdf > target: p > 0
-        # Rounding can push the target to the very end; fall back to the likeliest token.
-        return torch.where(idx >= probs.shape[1], argmax_rows(probs), idx)
+        u = torch.tensor(uniforms, device=device, dtype=torch.float32)
+        if sets is None:
+            return _inverse_cdf(x, u)
+        tokens = torch.empty(len(reqs), dtype=torch.int64, device=device)
+        rows = torch.tensor(sets.rows, device=device)
+        picks = _inverse_cdf(sets.logits, u[rows])  # a top_p row: from its set alone
+        tokens[rows] = sets.ids.gather(1, picks[:, None]).squeeze(1)
+        if len(sets.rows) < len(reqs):
+            rest = torch.tensor(sorted(set(range(len(reqs))) - set(sets.rows)), device=device)
+            tokens[rest] = _inverse_cdf(x.index_select(0, rest), u[rest])
+        return tokens
 
     def _uniform(self, req: ScheduledRequest, ahead: int = 0) -> float:
         if req.params.seed is None:
             return self._rng.random()
         step = req.params.seed_offset + req.num_output_tokens + ahead
         return seeded_uniform(req.params.seed, step)
+
+
+def _inverse_cdf(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """x [R, W] logits (-inf: not allowed), u [R] in [0, 1) -> [R] column of each row's draw:
+    the first whose cumulative probability, in column order, exceeds u."""
+    probs = torch.softmax(x, dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]  # [R, 1]
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first cdf > target: p > 0
+    # Rounding can push the target to the very end; fall back to the likeliest token.
+    return torch.where(idx >= probs.shape[1], argmax_rows(probs), idx)
 
 
 def _min_p(x: torch.Tensor, ps: list[float]) -> torch.Tensor:
@@ -145,71 +157,6 @@ def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:
     kth = top.gather(1, k_idx.to(x.device)[:, None])  # [R, 1]
     active = torch.tensor([0 < k < vocab for k in ks], device=x.device)[:, None]
     return x.masked_fill(active & (x < kth), float("-inf"))
-
-
-def _top_p(x: torch.Tensor, ps: list[float]) -> torch.Tensor:
-    """Keep each row's smallest set of likeliest tokens whose mass reaches p (at least one).
-
-    The set is a prefix of the row sorted by probability, so nothing sorts all 262k: a row
-    looks among its TOP_P_FIRST likeliest first (`topk`), and a row whose set is larger is
-    bucketed by probability (`_wide_row`). The kept set is the one a full sort keeps, with
-    "reaches p" read to 1e-6 of the mass, the float32 logits' own precision (0.5 + 0.3
-    reaches 0.8 though their logs round apart); ties at the edge are kept in either order.
-    tests/engine/test_sampler_top_p.py compares the two on rows from one likely token to sets
-    of ~19k; bench/sampler_top_p.py times them."""
-    rows = [i for i, p in enumerate(ps) if p < 1.0]
-    if not rows:
-        return x
-    every = len(rows) == len(x)
-    index = torch.tensor(rows, device=x.device)
-    sub = x if every else x.index_select(0, index)  # [R', V] float32
-    top = sub.amax(dim=-1, keepdim=True)  # [R', 1]
-    # float32's cascade sum: ~1e-7 of the mass, inside the 1e-6 rule
-    total = torch.exp(sub - top).sum(dim=-1).double()  # [R'] in units of the largest's
-    goal = torch.tensor([ps[i] for i in rows], device=x.device, dtype=torch.float64) * total
-    slack = 1e-6 * total
-    keep = torch.full_like(sub, float("-inf"))
-    size = min(x.shape[1], TOP_P_FIRST)
-    vals, ids = sub.topk(size, dim=-1)  # [R', size]
-    mass = torch.exp(vals.double() - top.double())
-    cum = mass.cumsum(dim=-1)
-    kept = (cum - mass) < (goal - slack)[:, None]  # the exclusive mass before each token
-    kept[:, 0] = True
-    wide = (cum[:, -1] < goal) & (size < x.shape[1])  # the set reaches past these
-    kept &= ~wide[:, None]
-    keep.view(-1)[(torch.arange(len(sub))[:, None] * x.shape[1] + ids)[kept]] = vals[kept]
-    for j in wide.nonzero().flatten().tolist():
-        _wide_row(sub[j], float(top[j]), float(goal[j]), float(slack[j]), keep[j])
-    if every:
-        return keep
-    out = x.clone()
-    out[index] = keep
-    return out
-
-
-def _wide_row(x: torch.Tensor, top: float, goal: float, slack: float, keep: torch.Tensor) -> None:
-    """x [V] one row's logits, top its largest, goal the mass its set reaches (in units of
-    exp(top)); writes the kept logits into keep [V]. Tokens are bucketed by probability
-    (quarter octaves below the largest: a bucket's tokens all likelier than the next
-    bucket's); the buckets before the one where the mass nears the goal are kept whole, only
-    the one or two at the edge are sorted."""
-    gap = x - top  # [V] <= 0
-    weight = torch.exp(gap)
-    bucket = (gap * -BUCKETS_PER_NAT).clamp_(0, 255).to(torch.int64)
-    hist = torch.zeros(256, device=x.device).scatter_add_(0, bucket, weight).cumsum(0)
-    # the float32 histogram is off by far less than 1e-4 of the mass
-    first = int((hist < goal * (1 - 1e-4)).sum())  # buckets before it: surely kept
-    last = min(int((hist < goal * (1 + 1e-4)).sum()), 255)  # buckets after it: surely not
-    sure = bucket < first
-    edge = ((bucket >= first) & (bucket <= last)).nonzero().flatten()
-    vals, order = x[edge].sort(descending=True)
-    mass = torch.exp(vals.double() - top)
-    before = float(weight[sure].double().sum()) + mass.cumsum(0) - mass
-    kept = before < goal - slack
-    if not bool(sure.any()):
-        kept[0] = True
-    keep[sure] = x[sure]
-    keep[edge[order[kept]]] = vals[kept]
 
 
 def _logprobs(
