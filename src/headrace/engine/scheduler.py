@@ -297,7 +297,7 @@ class Scheduler:
         req.num_computed_tokens = 0
 
     def _room_for(self, req: Request, n: int) -> bool:
-        if len(self.running) >= self.config.max_num_seqs:
+        if len(self.running) >= self.config.seqs_limit:
             return False
         need = self.blocks.blocks_needed(req.request_id, req.num_computed_tokens + n)
         reserve = int(self.blocks.num_blocks * _WATERMARK) if self.running else 0
