@@ -25,10 +25,13 @@ from headrace.api.schemas import SamplingFields
 from headrace.api.sse import DONE, error_event, wait_for_disconnect
 from headrace.api.state import AppState
 from headrace.api.structured import grammar_for
+from headrace.api.usage_record import record_refusal, record_usage
 from headrace.engine.client import EngineClient, GenerateOptions, GenerationChunk
 from headrace.engine.limits import DoesNotFit, check_fits
 from headrace.engine.tokenizer import Tokenizer
-from headrace.gateway.base import Admission
+from headrace.gateway.auth import key_from_headers
+from headrace.gateway.base import Admission, GatewayError, Tenant
+from headrace.ledger.records import key_id
 from headrace.metrics.timing import RequestTimer
 from headrace.request import FinishReason, SamplingParams
 
@@ -49,6 +52,8 @@ class Job:
     admission: Admission
     timer: RequestTimer
     traceparent: str | None = None  # the caller's trace context, for the request's span
+    key_id: str | None = None  # the caller's key, as the ledger names it
+    route: str = ""
 
 
 def new_request_id(prefix: str) -> str:
@@ -87,8 +92,28 @@ async def admit(
     n: int = 1,
 ) -> Job:
     """All the checks, cheapest first; `encode` tokenizes the prompt for the chosen engine.
-    `n` choices are admitted as one request whose output may be `n` times `max_tokens`."""
+    `n` choices are admitted as one request whose output may be `n` times `max_tokens`. A
+    known tenant's refusal goes to the ledger (an unknown caller's does not: it could fill it)."""
     tenant = state.gateway.authenticate(request.headers)
+    admitting = _admit(state, request, tenant, body, encode, max_tokens, logprobs, id_prefix, n)
+    try:
+        return await admitting
+    except (APIError, GatewayError) as e:
+        record_refusal(state, request, tenant.name, body.model, e.status)
+        raise
+
+
+async def _admit(
+    state: AppState,
+    request: Request,
+    tenant: Tenant,
+    body: SamplingFields,
+    encode: Callable[[EngineClient], Awaitable[list[int]]],
+    max_tokens: int | None,
+    logprobs: int | None,
+    id_prefix: str,
+    n: int,
+) -> Job:
     model, engine = state.engine_for(body.model)
     state.gateway.check(tenant, model)
     ids = await encode(engine)
@@ -112,7 +137,9 @@ async def admit(
     rid = new_request_id(id_prefix)
     timer = RequestTimer(start=arrival)
     traceparent = request.headers.get("traceparent")
-    return Job(rid, model, engine, ids, params, options, admission, timer, traceparent)
+    job = Job(rid, model, engine, ids, params, options, admission, timer, traceparent)
+    job.key_id, job.route = key_id(key_from_headers(request.headers)), request.url.path
+    return job
 
 
 def engine_failure(e: Exception, request_id: str) -> APIError:
@@ -155,6 +182,8 @@ class RequestRun:
         self.cached_tokens = 0
         self.finish_reason: FinishReason | None = None
         self.replica: str | None = None
+        self.last: GenerationChunk | None = None  # the engine's counts, for the ledger
+        self.http_status: int | None = None  # set when the run ended in an HTTP error
         self.closed = False
 
     def usage(self) -> dict[str, object]:
@@ -173,13 +202,17 @@ class RequestRun:
         if self.finish_reason is not None:
             raise StopAsyncIteration
         try:
-            chunk = await anext(self.chunks)
-        except (APIError, asyncio.CancelledError):
+            return self._record(await anext(self.chunks))
+        except APIError as e:
+            self.http_status = e.status
+            raise
+        except asyncio.CancelledError:
             raise
         except Exception as e:
             self.finish_reason = FinishReason.ERROR
-            raise engine_failure(e, self.job.request_id) from e
-        return self._record(chunk)
+            error = engine_failure(e, self.job.request_id)
+            self.http_status = error.status
+            raise error from e
 
     def _record(self, chunk: GenerationChunk) -> GenerationChunk:
         job = self.job
@@ -191,6 +224,7 @@ class RequestRun:
         self.completion_tokens = max(self.completion_tokens, chunk.completion_tokens)
         self.cached_tokens = chunk.cached_tokens or self.cached_tokens
         self.replica = chunk.replica or self.replica
+        self.last = chunk
         self.finish_reason = chunk.finish_reason
         if chunk.finish_reason is FinishReason.ERROR:  # the engine (a replica) failed: upstream
             raise APIError(
@@ -220,6 +254,7 @@ class RequestRun:
                 used = self.prompt_tokens + self.completion_tokens
                 self.state.gateway.release(job.admission, used, self.reason)
                 self.record(self.prompt_tokens)
+                record_usage(self.state, [self])
 
     @property
     def reason(self) -> str:

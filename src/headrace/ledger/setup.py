@@ -1,0 +1,35 @@
+"""The server's ledger from its settings: where it lives, and a first look at it at start."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+
+from headrace.config import LedgerConfig
+from headrace.ledger import sqlite_store
+from headrace.ledger.schema import LedgerVersionError
+from headrace.ledger.writer import Ledger
+from headrace.paths import state_root
+
+log = logging.getLogger("headrace.ledger")
+
+
+def ledger_path(cfg: LedgerConfig) -> Path:
+    return Path(cfg.ledger) if cfg.ledger else state_root() / "ledger.db"
+
+
+def open_ledger(cfg: LedgerConfig) -> Ledger | None:
+    """The ledger, or None with `--no-ledger`. A ledger of a newer schema stops the start
+    (ValueError); one that cannot be opened now is logged and tried again at each flush (the
+    server serves meanwhile, holding the records)."""
+    if not cfg.enabled:
+        return None
+    path = ledger_path(cfg)
+    try:
+        sqlite_store.connect(path).close()  # creates and migrates it
+    except LedgerVersionError as e:
+        raise ValueError(f"{path}: {e}") from e
+    except (OSError, sqlite3.Error) as e:
+        log.error("cannot open the ledger %s now (records are held and retried): %s", path, e)
+    return Ledger(path, cfg.ledger_flush_s, cfg.ledger_max_pending)
