@@ -2,12 +2,15 @@
 every tenant's and may pick one) and `GET /v1/audit` (the admin actions, behind the admin key).
 
 Both read what the requests before them wrote: the ledger flushes first. 404 on a server
-without a ledger (`--no-ledger`); 400 with the parameter named for a bad time or grouping.
+without a ledger (`--no-ledger`); 400 with the parameter named for a bad time or grouping; 503
+while the ledger's file cannot be read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -46,7 +49,7 @@ async def usage(
         query = UsageQuery(parse_time("start", start), parse_time("end", end), tenant, group_by)
     except QueryError as e:
         raise bad_request(str(e), e.param) from e
-    rows = await asyncio.to_thread(ledger.totals, query)
+    rows = await _read(ledger.totals, query)
     return {
         "object": "usage", "start": query.start, "end": query.end, "tenant": tenant,
         "group_by": group_by, "data": rows,
@@ -67,8 +70,16 @@ async def audit_log(
         since, until = parse_time("start", start), parse_time("end", end)
     except QueryError as e:
         raise bad_request(str(e), e.param) from e
-    rows = await asyncio.to_thread(ledger.audit, since, until, limit)
+    rows = await _read(ledger.audit, since, until, limit)
     return {"object": "list", "data": rows}
+
+
+async def _read(work: Callable[..., list[dict[str, Any]]], *args: Any) -> list[dict[str, Any]]:
+    """`work(*args)` off the event loop; a ledger that cannot be read now is a 503."""
+    try:
+        return await asyncio.to_thread(work, *args)
+    except (OSError, sqlite3.Error) as e:
+        raise APIError(503, f"the ledger cannot be read now: {e}", type="unavailable_error") from e
 
 
 def _ledger(state: AppState) -> Ledger:
