@@ -22,7 +22,7 @@ from headrace.gateway.access import Scope
 from headrace.ledger.query import QueryError, UsageQuery, parse_time
 from headrace.ledger.writer import Ledger
 
-router = APIRouter(tags=["usage"], responses=error_responses(400, 401, 403, 404))
+router = APIRouter(tags=["usage"], responses=error_responses(400, 401, 403, 404, 503))
 _SUMMED = (
     "requests", "prompt_tokens", "cached_tokens", "completion_tokens", "total_tokens",
     "recomputed_tokens", "draft_tokens", "accepted_tokens", "errors",
