@@ -126,6 +126,8 @@ def test_bad_queries_name_their_parameter() -> None:
     with pytest.raises(QueryError, match="start: 'yesterday' is neither") as e:
         parse_time("start", "yesterday")
     assert e.value.param == "start"
+    with pytest.raises(QueryError, match="'nan' is not a finite time"):
+        parse_time("end", "nan")
     with pytest.raises(QueryError, match="group_by must be one of day, hour, model"):
         UsageQuery(group_by="week")
     with pytest.raises(QueryError, match="end is before start"):

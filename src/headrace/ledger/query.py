@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +34,13 @@ def parse_time(param: str, text: str | None) -> float | None:
     if text is None or text == "":
         return None
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds):
+            raise QueryError(param, f"{param}: {text!r} is not a finite time")
+        return seconds
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
