@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,19 @@ def test_a_graceful_stop_writes_every_record_and_a_restart_appends(
         assert usage(second, KEYS["acme"]).json()["totals"]["requests"] == 5
     with sqlite3.connect(db) as conn:
         assert [i for (i,) in conn.execute("SELECT id FROM usage ORDER BY id")] == [1, 2, 3, 4, 5]
+
+
+def test_a_sigkill_loses_at_most_the_last_flush_period(
+    model: Path, tenants: Path, tmp_path: Path
+) -> None:
+    db, flush_s = tmp_path / "ledger.db", 0.2
+    body = {"prompt": PROMPT, "max_tokens": 2}
+    with running(server_args(model, tenants, db, flush_s), tmp_path, clean_exit=False) as s:
+        for _ in range(3):
+            r = httpx.post(s.url + "/v1/completions", json=body, headers=auth(KEYS["acme"]))
+            assert r.status_code == 200
+        time.sleep(5 * flush_s)  # longer than a flush period: written by the ledger's thread
+        s.proc.kill()
+        s.proc.wait()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM usage").fetchone()[0] == 3
