@@ -308,8 +308,9 @@ class AutoscaleConfig:
 @dataclass(frozen=True)
 class LedgerConfig:
     ledger: str | None = _f(
-        None, "usage and audit ledger, an SQLite file (default: ledger.db in the state "
-        "directory, $HEADRACE_STATE); off, or --no-ledger: none (docs/ledger.md)",
+        None, "usage and audit ledger: an SQLite file (default: ledger.db in the state "
+        "directory, $HEADRACE_STATE) or a postgresql:// URL; off, or --no-ledger: none "
+        "(docs/ledger.md)",
     )  # fmt: skip
     ledger_flush_s: float = _f(1.0, "the ledger's records are written in batches this often, s")
     ledger_max_pending: int = _f(
@@ -319,8 +320,6 @@ class LedgerConfig:
     def __post_init__(self) -> None:
         if self.ledger_flush_s <= 0 or self.ledger_max_pending < 1:
             raise ValueError("ledger_flush_s and ledger_max_pending must be positive")
-        if self.ledger is not None and self.ledger.startswith("postgresql:"):
-            raise ValueError("--ledger: PostgreSQL is not supported yet; give an SQLite file")
 
     @property
     def enabled(self) -> bool:

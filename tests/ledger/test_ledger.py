@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from headrace.ledger import sqlite_store
+from headrace.ledger import store
 from headrace.ledger.query import QueryError, UsageQuery, parse_time
 from headrace.ledger.records import REDACTED, AuditEntry, UsageRecord, key_id, redact
 from headrace.ledger.schema import VERSION, LedgerVersionError
@@ -32,9 +32,9 @@ def record(tenant: str = "acme", t: float = T0, **kw: object) -> UsageRecord:
 
 
 def rows(path: Path) -> list[dict[str, object]]:
-    conn = sqlite_store.connect(path, create=False)
+    conn = store.connect(path, create=False)
     try:
-        return list(sqlite_store.usage_rows(conn, UsageQuery()))
+        return list(store.usage_rows(conn, UsageQuery()))
     finally:
         conn.close()
 
@@ -96,14 +96,14 @@ def test_an_unwritable_ledger_holds_records_to_its_bound_then_drops(tmp_path: Pa
 
 def test_the_schema_version_is_recorded_and_a_newer_one_refused(tmp_path: Path) -> None:
     path = tmp_path / "l.db"
-    sqlite_store.connect(path).close()
+    store.connect(path).close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == VERSION
-        sqlite_store.connect(path).close()  # migrating again adds nothing
+        store.connect(path).close()  # migrating again adds nothing
         assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == VERSION
         conn.execute("INSERT INTO schema_version VALUES (?, 0)", (VERSION + 1,))
     with pytest.raises(LedgerVersionError, match="knows up to"):
-        sqlite_store.connect(path)
+        store.connect(path)
 
 
 def test_audit_entries_round_trip_with_secrets_redacted(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ while the ledger's file cannot be read.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ from headrace.api.errors import APIError, bad_request
 from headrace.api.schemas import error_responses
 from headrace.api.state import AppState, app_state
 from headrace.gateway.access import Scope
+from headrace.ledger.database import database_errors
 from headrace.ledger.query import QueryError, UsageQuery, parse_time
 from headrace.ledger.writer import Ledger
 
@@ -78,7 +78,7 @@ async def _read(work: Callable[..., list[dict[str, Any]]], *args: Any) -> list[d
     """`work(*args)` off the event loop; a ledger that cannot be read now is a 503."""
     try:
         return await asyncio.to_thread(work, *args)
-    except (OSError, sqlite3.Error) as e:
+    except database_errors() as e:
         raise APIError(503, f"the ledger cannot be read now: {e}", type="unavailable_error") from e
 
 

@@ -7,17 +7,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# How rows are bucketed (SQLite expressions; times are Unix seconds, buckets are UTC).
-GROUPS = {
-    "day": "strftime('%Y-%m-%d', time, 'unixepoch')",
-    "hour": "strftime('%Y-%m-%dT%H:00:00Z', time, 'unixepoch')",
-    "model": "model",
-}
+from headrace.ledger.database import Dialect
+
+GROUPS = ("day", "hour", "model")  # how rows are bucketed (times: Unix seconds; buckets: UTC)
 TOTALS = (
     "COUNT(*) AS requests, SUM(prompt_tokens) AS prompt_tokens, "
     "SUM(cached_tokens) AS cached_tokens, SUM(completion_tokens) AS completion_tokens, "
     "SUM(recomputed_tokens) AS recomputed_tokens, SUM(draft_tokens) AS draft_tokens, "
-    "SUM(accepted_tokens) AS accepted_tokens, SUM(http_status >= 400) AS errors"
+    "SUM(accepted_tokens) AS accepted_tokens, "
+    "SUM(CASE WHEN http_status >= 400 THEN 1 ELSE 0 END) AS errors"
 )
 
 
@@ -76,8 +74,9 @@ class UsageQuery:
                 params.append(value)
         return (" WHERE " + " AND ".join(terms) if terms else ""), params
 
-    def totals_sql(self) -> tuple[str, list[Any]]:
-        bucket = GROUPS[self.group_by] if self.group_by else "NULL"
+    def totals_sql(self, dialect: Dialect) -> tuple[str, list[Any]]:
+        buckets = {"day": dialect.day, "hour": dialect.hour, "model": "model"}
+        bucket = buckets[self.group_by] if self.group_by else "NULL"
         where, params = self.where()
         sql = (
             f"SELECT tenant, {bucket} AS bucket, {TOTALS} FROM usage{where} "

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import sqlite3
 from pathlib import Path
 
 from headrace.config import LedgerConfig
-from headrace.ledger import sqlite_store
+from headrace.ledger import store
+from headrace.ledger.database import database_errors, describe, is_postgres
 from headrace.ledger.schema import LedgerVersionError
 from headrace.ledger.writer import Ledger
 from headrace.paths import state_root
@@ -15,8 +15,11 @@ from headrace.paths import state_root
 log = logging.getLogger("headrace.ledger")
 
 
-def ledger_path(cfg: LedgerConfig) -> Path:
-    return Path(cfg.ledger) if cfg.ledger else state_root() / "ledger.db"
+def ledger_path(cfg: LedgerConfig) -> str:
+    """A file, or a postgresql:// URL; the default is a file in the state directory."""
+    if cfg.ledger and is_postgres(cfg.ledger):
+        return cfg.ledger
+    return str(Path(cfg.ledger) if cfg.ledger else state_root() / "ledger.db")
 
 
 def open_ledger(cfg: LedgerConfig) -> Ledger | None:
@@ -27,9 +30,10 @@ def open_ledger(cfg: LedgerConfig) -> Ledger | None:
         return None
     path = ledger_path(cfg)
     try:
-        sqlite_store.connect(path).close()  # creates and migrates it
+        store.connect(path).close()  # creates and migrates it
     except LedgerVersionError as e:
-        raise ValueError(f"{path}: {e}") from e
-    except (OSError, sqlite3.Error) as e:
-        log.error("cannot open the ledger %s now (records are held and retried): %s", path, e)
+        raise ValueError(f"{describe(path)}: {e}") from e
+    except database_errors() as e:
+        name = describe(path)
+        log.error("cannot open the ledger %s now (records are held and retried): %s", name, e)
     return Ledger(path, cfg.ledger_flush_s, cfg.ledger_max_pending)

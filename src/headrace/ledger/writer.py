@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import queue
-import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
 
-from headrace.ledger import sqlite_store
+from headrace.ledger import store
+from headrace.ledger.database import Database, describe
 from headrace.ledger.query import UsageQuery
 from headrace.ledger.records import AuditEntry, UsageRecord
 
@@ -27,7 +27,8 @@ Item = UsageRecord | AuditEntry
 
 class Ledger:
     def __init__(self, path: str | Path, flush_s: float = 1.0, max_pending: int = 100_000) -> None:
-        self.path = Path(path)
+        self.target = str(path)  # a file, or a postgresql:// URL
+        self.name = describe(self.target)  # for log lines: no password
         self.flush_s = flush_s
         self.max_pending = max_pending
         self.written = 0
@@ -35,7 +36,7 @@ class Ledger:
         self.write_errors = 0
         self._queue: queue.Queue[Item] = queue.Queue(maxsize=max_pending)
         self._held: list[Item] = []  # drained from the queue, not written yet
-        self._conn: sqlite3.Connection | None = None
+        self._conn: Database | None = None
         self._wake = threading.Event()
         self._cond = threading.Condition()
         self._requested = 0  # flushes asked for by `sync`, and done
@@ -80,22 +81,22 @@ class Ledger:
         self._thread.join(timeout)
         self._closed = True
         if self.pending:
-            log.error("ledger closed with %d records unwritten: %s", self.pending, self.path)
+            log.error("ledger closed with %d records unwritten: %s", self.pending, self.name)
 
     def read(self, work: Any, *args: Any) -> Any:
         """`work(conn, *args)` on a connection of its own (call it off the event loop)."""
         self.sync()
-        conn = sqlite_store.connect(self.path)
+        conn = store.connect(self.target)
         try:
             return work(conn, *args)
         finally:
             conn.close()
 
     def totals(self, query: UsageQuery) -> list[dict[str, Any]]:
-        return list(self.read(sqlite_store.totals, query))
+        return list(self.read(store.totals, query))
 
     def audit(self, start: float | None, end: float | None, limit: int) -> list[dict[str, Any]]:
-        return list(self.read(sqlite_store.audit_rows, start, end, limit))
+        return list(self.read(store.audit_rows, start, end, limit))
 
     def _run(self) -> None:
         while True:
@@ -128,19 +129,19 @@ class Ledger:
 
     def _write(self) -> None:
         if self._conn is None:
-            self._conn = sqlite_store.connect(self.path)
+            self._conn = store.connect(self.target)
         usage = [r for r in self._held if isinstance(r, UsageRecord)]
         audit = [r for r in self._held if isinstance(r, AuditEntry)]
-        sqlite_store.append(self._conn, usage, audit)
+        store.append(self._conn, usage, audit)
         if self._failing:
-            log.warning("ledger writable again: %s", self.path)
+            log.warning("ledger writable again: %s", self.name)
             self._failing = False
         self.written += len(self._held)
         self._held.clear()
 
     def _failed(self, e: Exception) -> None:
         if not self._failing:  # the first failure of a streak is logged
-            log.error("cannot write the ledger %s (records held, retried): %s", self.path, e)
+            log.error("cannot write the ledger %s (records held, retried): %s", self.name, e)
             self._failing = True
         self.write_errors += 1
         if self._conn is not None:
