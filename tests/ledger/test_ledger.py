@@ -6,7 +6,6 @@ file keeps appending; the schema's version is recorded and a newer one refused."
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 import time
@@ -31,20 +30,20 @@ def record(tenant: str = "acme", t: float = T0, **kw: object) -> UsageRecord:
     return UsageRecord(tenant, time=t, **fields)  # type: ignore[arg-type]
 
 
-def rows(path: Path) -> list[dict[str, object]]:
-    conn = store.connect(path, create=False)
+def rows(target: str | Path) -> list[dict[str, object]]:
+    db = store.connect(target, create=False)
     try:
-        return list(store.usage_rows(conn, UsageQuery()))
+        return list(store.usage_rows(db, UsageQuery()))
     finally:
-        conn.close()
+        db.close()
 
 
-def test_records_are_written_in_batches_and_summed(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "l.db", flush_s=60)
+def test_records_are_written_in_batches_and_summed(ledger_target: str) -> None:
+    ledger = Ledger(ledger_target, flush_s=60)
     for i in range(3):
         ledger.append(record("acme", T0 + i * DAY, completion_tokens=i))
     ledger.append(record("bob", T0, model="other"))
-    assert not (tmp_path / "l.db").exists()  # not flushed yet: one batch per flush_s
+    assert ledger.written == 0  # not flushed yet: one batch per flush_s
     assert ledger.sync()
     assert ledger.written == 4 and ledger.pending == 0
     by_day = ledger.totals(UsageQuery(tenant="acme", group_by="day"))
@@ -60,8 +59,8 @@ def test_records_are_written_in_batches_and_summed(tmp_path: Path) -> None:
     ledger.close()
 
 
-def test_close_writes_everything_and_a_reopened_ledger_keeps_appending(tmp_path: Path) -> None:
-    path = tmp_path / "state" / "ledger.db"  # the directory is made
+def test_close_writes_everything_and_a_reopened_ledger_keeps_appending(ledger_target: str) -> None:
+    path = ledger_target  # a file's directory is made
     ledger = Ledger(path, flush_s=60)
     for i in range(500):
         ledger.append(record(request_id=f"r{i}"))
@@ -94,20 +93,19 @@ def test_an_unwritable_ledger_holds_records_to_its_bound_then_drops(tmp_path: Pa
     assert len(rows(blocker / "ledger.db")) == 5
 
 
-def test_the_schema_version_is_recorded_and_a_newer_one_refused(tmp_path: Path) -> None:
-    path = tmp_path / "l.db"
-    store.connect(path).close()
-    with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == VERSION
-        store.connect(path).close()  # migrating again adds nothing
-        assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == VERSION
-        conn.execute("INSERT INTO schema_version VALUES (?, 0)", (VERSION + 1,))
+def test_the_schema_version_is_recorded_and_a_newer_one_refused(ledger_target: str) -> None:
+    db = store.connect(ledger_target)
+    store.connect(ledger_target).close()  # migrating again adds nothing
+    versions = db.execute("SELECT version FROM schema_version ORDER BY version")
+    assert [r["version"] for r in versions] == list(range(1, VERSION + 1))
+    db.execute("INSERT INTO schema_version VALUES (?, 0)", (VERSION + 1,))
+    db.close()
     with pytest.raises(LedgerVersionError, match="knows up to"):
-        store.connect(path)
+        store.connect(ledger_target)
 
 
-def test_audit_entries_round_trip_with_secrets_redacted(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "l.db", flush_s=60)
+def test_audit_entries_round_trip_with_secrets_redacted(ledger_target: str) -> None:
+    ledger = Ledger(ledger_target, flush_s=60)
     args = redact({"via": "x", "api_key": "sk-1", "nested": [{"Authorization": "Bearer k"}]})
     ledger.append(AuditEntry("tenants.reload", key_id("admin"), args, 200, {"tenants": 2}))
     (entry,) = ledger.audit(None, None, 10)
@@ -134,8 +132,8 @@ def test_bad_queries_name_their_parameter() -> None:
         UsageQuery(start=2.0, end=1.0)
 
 
-def test_usage_export_writes_csv_and_jsonl(tmp_path: Path) -> None:
-    path = tmp_path / "l.db"
+def test_usage_export_writes_csv_and_jsonl(ledger_target: str, tmp_path: Path) -> None:
+    path = ledger_target
     ledger = Ledger(path, flush_s=60)
     ledger.append(record("acme", T0))
     ledger.append(record("bob", T0 + DAY))
@@ -151,5 +149,6 @@ def test_usage_export_writes_csv_and_jsonl(tmp_path: Path) -> None:
     assert (only["tenant"], only["prompt_tokens"], only["time"]) == ("bob", 10, T0 + DAY)
     bad = subprocess.run([*cmd, "--start", "soon"], capture_output=True, text=True)
     assert bad.returncode == 2 and "neither Unix seconds" in bad.stderr
-    missing = subprocess.run([*cmd[:-1], str(tmp_path / "none.db")], capture_output=True, text=True)
+    cmd[-1] = str(tmp_path / "none.db")
+    missing = subprocess.run(cmd, capture_output=True, text=True)
     assert missing.returncode == 2 and "no ledger there" in missing.stderr

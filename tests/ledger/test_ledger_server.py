@@ -10,7 +10,7 @@ import json
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from factories import (
 )
 
 from headrace.gateway.auth import hash_key
+from headrace.ledger import store
 from headrace.ledger.records import key_id
 
 ADMIN = "ledger-admin-key"
@@ -234,3 +235,30 @@ def test_a_sigkill_loses_at_most_the_last_flush_period(
         s.proc.wait()
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM usage").fetchone()[0] == 3
+
+
+def test_two_front_ends_share_one_postgresql_ledger(
+    model: Path, tenants: Path, tmp_path: Path, postgres_url: Callable[[], str]
+) -> None:
+    url = postgres_url()
+    body = {"prompt": PROMPT, "max_tokens": 3, "ignore_eos": True}
+    told = []
+    with (
+        running(server_args(model, tenants, url, 30.0), tmp_path) as one,
+        running(server_args(model, tenants, url, 30.0), tmp_path) as two,
+    ):
+        for server, key in ((one, KEYS["acme"]), (two, KEYS["acme"]), (two, KEYS["bob"])):
+            with httpx.Client(base_url=server.url, headers=auth(key), timeout=60) as c:
+                told.append(streamed_usage(c, "/v1/completions", body))
+        # two syncs its own records before it reads; one's may still be in one's queue
+        assert usage(two, ADMIN).json()["totals"]["requests"] >= 2
+    # both stopped gracefully: every record of both is in the one ledger
+    db = store.connect(url)
+    try:
+        rows = db.execute("SELECT tenant, prompt_tokens, completion_tokens FROM usage ORDER BY id")
+    finally:
+        db.close()
+    assert sorted((r["tenant"], r["completion_tokens"]) for r in rows) == [
+        ("acme", 3), ("acme", 3), ("bob", 3),
+    ]  # fmt: skip
+    assert sum(r["prompt_tokens"] for r in rows) == sum(u["prompt_tokens"] for u in told)
