@@ -4,6 +4,7 @@ run closes; and for a known tenant's request refused before it (`record_refusal`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -16,39 +17,36 @@ if TYPE_CHECKING:
     from headrace.api.serving import RequestRun
     from headrace.api.state import AppState
 
+log = logging.getLogger("headrace.ledger")
 ABORTED = 499  # ended before its end: the client left, or the server stopped (nginx's code)
 
 
 def record_usage(state: AppState, runs: Sequence[RequestRun], n: int = 1) -> None:
-    """One record for a request's runs (its choices; the first holds the prompt)."""
+    """One record for a request's runs (its choices; the first holds the prompt). Called from
+    the runs' cleanup: whatever goes wrong here is logged, never raised into it."""
     if state.ledger is None:
         return
+    try:
+        state.ledger.append(_usage(runs, n))
+    except Exception:
+        log.exception("the ledger's record of %s was not made", runs[0].job.request_id)
+
+
+def _usage(runs: Sequence[RequestRun], n: int) -> UsageRecord:
     first = runs[0]
     job, timer = first.job, first.job.timer
     counts = [r.last for r in runs if r.last is not None]
-    state.ledger.append(
-        UsageRecord(
-            tenant=job.admission.tenant.name,
-            model=job.model,
-            route=job.route,
-            http_status=http_status(runs),
-            request_id=job.request_id,
-            key_id=job.key_id,
-            prompt_tokens=first.prompt_tokens,
-            cached_tokens=first.cached_tokens,
-            completion_tokens=sum(r.completion_tokens for r in runs),
-            recomputed_tokens=sum(c.recomputed_tokens for c in counts),
-            draft_tokens=sum(c.draft_tokens for c in counts),
-            accepted_tokens=sum(c.accepted_tokens for c in counts),
-            n=n,
-            queue_s=timer.queue_time,
-            ttft_s=timer.ttft,
-            total_s=timer.e2e,
-            finish_reason=first.reason,
-            replica=first.replica,
-            resumed=any(c.resumed for c in counts),
-        )  # fmt: skip
-    )
+    return UsageRecord(
+        tenant=job.admission.tenant.name, model=job.model, route=job.route,
+        http_status=http_status(runs), request_id=job.request_id, key_id=job.key_id,
+        prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
+        completion_tokens=sum(r.completion_tokens for r in runs),
+        recomputed_tokens=sum(c.recomputed_tokens for c in counts),
+        draft_tokens=sum(c.draft_tokens for c in counts),
+        accepted_tokens=sum(c.accepted_tokens for c in counts),
+        n=n, queue_s=timer.queue_time, ttft_s=timer.ttft, total_s=timer.e2e,
+        finish_reason=first.reason, replica=first.replica, resumed=any(c.resumed for c in counts),
+    )  # fmt: skip
 
 
 def http_status(runs: Sequence[RequestRun]) -> int:

@@ -39,6 +39,7 @@ class Ledger:
         self._conn: Database | None = None
         self._wake = threading.Event()
         self._cond = threading.Condition()
+        self._drops = threading.Lock()
         self._requested = 0  # flushes asked for by `sync`, and done
         self._done = 0
         self._closing = False
@@ -55,13 +56,17 @@ class Ledger:
         """Queue `item` for the next flush; never blocks, never raises (a full queue, or a
         closed ledger, counts it as dropped)."""
         if self._closed:
-            self.dropped += 1
+            self._drop(1)
             log.warning("ledger closed: a record arrived too late and is dropped")
             return
         try:
             self._queue.put_nowait(item)
         except queue.Full:
-            self.dropped += 1
+            self._drop(1)
+
+    def _drop(self, n: int) -> None:
+        with self._drops:  # the event loop's thread and the writer's both drop
+            self.dropped += n
 
     def sync(self, timeout: float = 5.0) -> bool:
         """Flush now and wait for it (what was appended before is written, or held on an
@@ -150,4 +155,4 @@ class Ledger:
         overflow = len(self._held) - self.max_pending
         if overflow > 0:
             del self._held[:overflow]
-            self.dropped += overflow
+            self._drop(overflow)
