@@ -17,6 +17,7 @@ from headrace.ledger import store
 from headrace.ledger.query import QueryError, UsageQuery, parse_time
 from headrace.ledger.records import REDACTED, AuditEntry, UsageRecord, key_id, redact
 from headrace.ledger.schema import VERSION, LedgerVersionError
+from headrace.ledger.setup import record_action
 from headrace.ledger.writer import Ledger
 
 DAY = 86_400.0
@@ -152,3 +153,19 @@ def test_usage_export_writes_csv_and_jsonl(ledger_target: str, tmp_path: Path) -
     cmd[-1] = str(tmp_path / "none.db")
     missing = subprocess.run(cmd, capture_output=True, text=True)
     assert missing.returncode == 2 and "no ledger there" in missing.stderr
+
+
+def test_a_command_records_its_admin_action(ledger_target: str, tmp_path: Path) -> None:
+    arguments = {"ray_namespace": "prod", "token": "s3cret"}
+    record_action(ledger_target, "replicas.ray_down", arguments, 200, {"removed": ["a", "b"]})
+    record_action("off", "replicas.ray_down", arguments, 200, {})  # no ledger: nothing, no error
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    record_action(str(blocked / "l.db"), "replicas.ray_down", arguments, 200, {})  # logged only
+    ledger = Ledger(ledger_target, flush_s=60)
+    (entry,) = ledger.audit(None, None, 10)
+    ledger.close()
+    assert (entry["action"], entry["key_id"], entry["result"]) == (
+        "replicas.ray_down", None, {"removed": ["a", "b"]},
+    )  # fmt: skip
+    assert entry["arguments"] == {"ray_namespace": "prod", "token": REDACTED}

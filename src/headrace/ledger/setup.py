@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from headrace.config import LedgerConfig
 from headrace.ledger import store
 from headrace.ledger.database import database_errors, describe, is_postgres
+from headrace.ledger.records import AuditEntry, redact
 from headrace.ledger.schema import LedgerVersionError
 from headrace.ledger.writer import Ledger
 from headrace.paths import state_root
@@ -37,3 +40,26 @@ def open_ledger(cfg: LedgerConfig) -> Ledger | None:
         name = describe(path)
         log.error("cannot open the ledger %s now (records are held and retried): %s", name, e)
     return Ledger(path, cfg.ledger_flush_s, cfg.ledger_max_pending)
+
+
+def record_action(
+    ledger: str | None,
+    action: str,
+    arguments: Mapping[str, Any],
+    status: int,
+    result: Mapping[str, Any],
+) -> None:
+    """An admin action taken outside a server (a command), straight into the audit log at
+    `ledger` (as `--ledger`); a failure to record it is logged, never raised."""
+    cfg = LedgerConfig(ledger=ledger)
+    if not cfg.enabled:
+        return
+    entry = AuditEntry(action, None, redact(arguments), status, result)
+    try:
+        db = store.connect(ledger_path(cfg))
+        try:
+            store.append(db, [], [entry])
+        finally:
+            db.close()
+    except database_errors() as e:
+        log.error("%s was not recorded in the audit log: %s", action, e)
