@@ -4,6 +4,7 @@ fresh database per test. Skipped, saying why, without the server or psycopg."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import os
@@ -28,31 +29,54 @@ def _as_owner(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
 
+class PostgresServer:
+    """A PostgreSQL server in a temporary directory, stopped and started again at will."""
+
+    def __init__(self) -> None:
+        pytest.importorskip("psycopg", reason="psycopg is not installed (the postgres extra)")
+        initdb = _initdb()
+        if initdb is None:
+            pytest.skip("PostgreSQL is not installed (make test installs Debian's when root)")
+        self.pg_ctl = os.path.join(os.path.dirname(initdb), "pg_ctl")
+        self.root = tempfile.mkdtemp(prefix="headrace-pg-")
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres", "postgres")
+        self.data, self.port = os.path.join(self.root, "data"), free_port()
+        self.url = f"postgresql://headrace@127.0.0.1:{self.port}"
+        _run([initdb, "-D", self.data, "-U", "headrace", "--auth=trust"])
+
+    def start(self) -> None:
+        options = f"-p {self.port} -h 127.0.0.1 -k {self.root} -F"
+        log = os.path.join(self.root, "log")
+        _run([self.pg_ctl, "-D", self.data, "-o", options, "-l", log, "-w", "start"])
+
+    def stop(self) -> None:
+        _run([self.pg_ctl, "-D", self.data, "-m", "immediate", "-w", "stop"])
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _run(cmd: list[str]) -> None:
+    subprocess.run(_as_owner(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=True)
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        server.remove()
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """The server's base URL (user `headrace`, trusted, on 127.0.0.1)."""
-    pytest.importorskip("psycopg", reason="psycopg is not installed (the postgres extra)")
-    initdb = _initdb()
-    if initdb is None:
-        pytest.skip("PostgreSQL is not installed (make test installs Debian's when root)")
-    bindir = os.path.dirname(initdb)
-    root = tempfile.mkdtemp(prefix="headrace-pg-")
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres", "postgres")
-    data, port = os.path.join(root, "data"), free_port()
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.STDOUT, "check": True}
-    subprocess.run(_as_owner([initdb, "-D", data, "-U", "headrace", "--auth=trust"]), **quiet)
-    options = f"-p {port} -h 127.0.0.1 -k {root} -F"
-    pg_ctl = os.path.join(bindir, "pg_ctl")
-    log = os.path.join(root, "log")
-    subprocess.run(
-        _as_owner([pg_ctl, "-D", data, "-o", options, "-l", log, "-w", "start"]), **quiet
-    )
-    try:
-        yield f"postgresql://headrace@127.0.0.1:{port}"
-    finally:
-        subprocess.run(_as_owner([pg_ctl, "-D", data, "-m", "immediate", "-w", "stop"]), **quiet)
-        shutil.rmtree(root, ignore_errors=True)
+    with postgres() as server:
+        yield server.url
 
 
 @pytest.fixture

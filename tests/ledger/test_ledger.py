@@ -19,6 +19,7 @@ from headrace.ledger.records import REDACTED, AuditEntry, UsageRecord, key_id, r
 from headrace.ledger.schema import VERSION, LedgerVersionError
 from headrace.ledger.setup import record_action
 from headrace.ledger.writer import Ledger
+from ledger.conftest import postgres
 
 DAY = 86_400.0
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -169,3 +170,22 @@ def test_a_command_records_its_admin_action(ledger_target: str, tmp_path: Path) 
         "replicas.ray_down", None, {"removed": ["a", "b"]},
     )  # fmt: skip
     assert entry["arguments"] == {"ray_namespace": "prod", "token": REDACTED}
+
+
+def test_a_lost_postgresql_connection_holds_the_records_until_it_is_back() -> None:
+    with postgres() as server:
+        url = server.url + "/postgres"
+        ledger = Ledger(url, flush_s=60)
+        ledger.append(record(request_id="before"))
+        ledger.sync()
+        server.stop()  # the database goes away (an immediate stop: connections cut)
+        for i in range(3):
+            ledger.append(record(request_id=f"while-down-{i}"))
+        ledger.sync()
+        assert ledger.write_errors >= 1 and ledger.pending == 3 and ledger.dropped == 0
+        server.start()
+        ledger.sync()  # reconnects and writes what it held
+        assert (ledger.written, ledger.pending) == (4, 0)
+        ledger.close()
+        got = [r["request_id"] for r in rows(url)]
+        assert got == ["before"] + [f"while-down-{i}" for i in range(3)]
