@@ -5,6 +5,7 @@ file keeps appending; the schema's version is recorded and a newer one refused."
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -13,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from headrace.config import HeadraceConfig, LedgerConfig
 from headrace.ledger import store
+from headrace.ledger.database import describe
 from headrace.ledger.query import QueryError, UsageQuery, parse_time
 from headrace.ledger.records import REDACTED, AuditEntry, UsageRecord, key_id, redact
 from headrace.ledger.schema import VERSION, LedgerVersionError
-from headrace.ledger.setup import record_action
+from headrace.ledger.setup import ledger_path, record_action
 from headrace.ledger.writer import Ledger
 from ledger.conftest import postgres
 
@@ -189,3 +192,24 @@ def test_a_lost_postgresql_connection_holds_the_records_until_it_is_back() -> No
         ledger.close()
         got = [r["request_id"] for r in rows(url)]
         assert got == ["before"] + [f"while-down-{i}" for i in range(3)]
+
+
+def test_serve_flags_pick_the_ledger(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from headrace.commands import serve
+
+    def config(*argv: str) -> LedgerConfig:
+        parser = argparse.ArgumentParser()
+        serve.add_arguments(parser)
+        return HeadraceConfig.from_args(parser.parse_args(list(argv))).ledger
+
+    monkeypatch.setenv("HEADRACE_STATE", str(tmp_path))
+    default = config()
+    assert default.enabled and ledger_path(default) == str(tmp_path / "ledger.db")
+    assert not config("--no-ledger").enabled and not config("--ledger", "off").enabled
+    assert ledger_path(config("--ledger", "postgresql://u:p@h/db")) == "postgresql://u:p@h/db"
+    assert config("--ledger-flush-s", "0.5").ledger_flush_s == 0.5
+    with pytest.raises(ValueError, match="must be positive"):
+        LedgerConfig(ledger_flush_s=0)
+    assert describe("postgresql://u:pw@db.example:5433/books?sslmode=require") == (
+        "postgresql://db.example:5433/books"
+    )  # log lines never carry the password
