@@ -89,7 +89,7 @@ class RequestRun:
         self.finish_reason: FinishReason | None = None
         self.replica: str | None = None
         self.last: GenerationChunk | None = None  # the engine's counts, for the ledger
-        self.http_status: int | None = None  # set when the run ended in an HTTP error
+        self.http_status: int | None = None  # the engine's failure as an HTTP error, if any
         self.closed = False
 
     def usage(self) -> dict[str, object]:
@@ -108,7 +108,7 @@ class RequestRun:
         if self.finish_reason is not None:
             raise StopAsyncIteration
         try:
-            return self._record(await anext(self.chunks))
+            chunk = await anext(self.chunks)
         except APIError as e:
             self.http_status = e.status
             raise
@@ -119,6 +119,7 @@ class RequestRun:
             error = engine_failure(e, self.job.request_id)
             self.http_status = error.status
             raise error from e
+        return self._record(chunk)  # an ERROR or OVERLOADED chunk raises its 502 or 503
 
     def _record(self, chunk: GenerationChunk) -> GenerationChunk:
         job = self.job

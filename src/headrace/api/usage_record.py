@@ -12,6 +12,7 @@ from fastapi import Request
 
 from headrace.gateway.auth import key_from_headers
 from headrace.ledger.records import UsageRecord, key_id
+from headrace.request import FinishReason
 
 if TYPE_CHECKING:
     from headrace.api.serving import RequestRun
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("headrace.ledger")
 ABORTED = 499  # ended before its end: the client left, or the server stopped (nginx's code)
+# What the routes answer for a run that ended so (RequestRun._record raises it).
+_ERRORS = {FinishReason.ERROR: 502, FinishReason.OVERLOADED: 503}
 
 
 def record_usage(state: AppState, runs: Sequence[RequestRun], n: int = 1) -> None:
@@ -52,8 +55,9 @@ def _usage(runs: Sequence[RequestRun], n: int) -> UsageRecord:
 def http_status(runs: Sequence[RequestRun]) -> int:
     """The first error a run ended with; else 499 if one was cut short, else 200."""
     for run in runs:
-        if run.http_status is not None:
-            return run.http_status
+        status = run.http_status or _ERRORS.get(run.finish_reason or FinishReason.STOP)
+        if status is not None:
+            return status
     return ABORTED if any(r.finish_reason is None for r in runs) else 200
 
 
