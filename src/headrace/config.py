@@ -333,6 +333,27 @@ class AutoscaleConfig:
 
 
 @dataclass(frozen=True)
+class LedgerConfig:
+    ledger: str | None = _f(
+        None, "usage and audit ledger: an SQLite file (default: ledger.db in the state "
+        "directory, $HEADRACE_STATE) or a postgresql:// URL; off, or --no-ledger: none "
+        "(docs/ledger.md)",
+    )  # fmt: skip
+    ledger_flush_s: float = _f(1.0, "the ledger's records are written in batches this often, s")
+    ledger_max_pending: int = _f(
+        100_000, "records held in memory while the ledger cannot be written; more are dropped"
+    )
+
+    def __post_init__(self) -> None:
+        if self.ledger_flush_s <= 0 or self.ledger_max_pending < 1:
+            raise ValueError("ledger_flush_s and ledger_max_pending must be positive")
+
+    @property
+    def enabled(self) -> bool:
+        return self.ledger != "off"
+
+
+@dataclass(frozen=True)
 class HeadraceConfig:
     """Every subsystem's settings in one value: built once from the command line and passed
     down whole (the deployment takes what it needs from it)."""
@@ -344,6 +365,7 @@ class HeadraceConfig:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HeadraceConfig:
@@ -351,7 +373,7 @@ class HeadraceConfig:
             config_from_args(ModelConfig, args), config_from_args(CacheConfig, args),
             config_from_args(SchedulerConfig, args), config_from_args(ServerConfig, args),
             config_from_args(GatewayConfig, args), config_from_args(RouterConfig, args),
-            config_from_args(AutoscaleConfig, args),
+            config_from_args(AutoscaleConfig, args), config_from_args(LedgerConfig, args),
         )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from headrace.config import ServerConfig
 from headrace.engine.client import EngineClient
 from headrace.gateway.base import Gateway
 from headrace.gateway.reload import GatewayReloader
+from headrace.ledger.writer import Ledger
 from headrace.metrics.prometheus import Metrics
 
 
@@ -30,6 +31,7 @@ class AppState:
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
     reloader: GatewayReloader | None = None  # SIGHUP and POST /admin/reload
     grammars: GrammarCache = field(default_factory=grammar_cache)  # compiled, by source
+    ledger: Ledger | None = None  # usage and audit records (--no-ledger: None)
 
     def engine_for(self, model: str | None) -> tuple[str, EngineClient]:
         """The engine serving `model`; no model means the first one."""

@@ -177,6 +177,8 @@ class Scheduler:
             kept = max(0, len(new) - 1)
             self.spec_drafted_total += len(drafts)
             self.spec_accepted_total += kept
+            req.num_draft_tokens += len(drafts)
+            req.num_accepted_tokens += kept
             window = req.draft_window or self.proposer.num_tokens
             req.draft_window = next_window(window, len(drafts), kept, self.proposer.num_tokens)
             self.blocks.trim(req.request_id, req.num_computed_tokens)
@@ -322,6 +324,7 @@ class Scheduler:
         """Free the victim's blocks and send it back to wait; returns the budget it held."""
         self.running.remove(victim)
         self.blocks.free(victim.request_id)
+        victim.num_recomputed_tokens += victim.num_computed_tokens
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED
         victim.num_preemptions += 1
