@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from headrace.ledger.database import Database
+from headrace.ledger.database import Database, database_errors
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 1: usage and audit
@@ -44,7 +44,10 @@ class LedgerVersionError(RuntimeError):
 
 def migrate(db: Database) -> int:
     """Run the migrations `db` lacks; returns its version after. One exclusive transaction:
-    two servers starting on one ledger at once migrate it once."""
+    two servers starting on one ledger at once migrate it once. An up-to-date ledger (every
+    reader's case) is only looked at: no write lock is taken."""
+    if _version(db) == VERSION:
+        return VERSION
     with db.transaction(exclusive=True):
         db.execute(
             "CREATE TABLE IF NOT EXISTS schema_version "
@@ -60,3 +63,12 @@ def migrate(db: Database) -> int:
                 db.execute(statement.replace("{id}", db.dialect.id_column))
             db.execute("INSERT INTO schema_version VALUES (?, ?)", (number, time.time()))
     return VERSION
+
+
+def _version(db: Database) -> int | None:
+    """The ledger's version, read without a lock; None before the first migration."""
+    try:
+        rows = db.execute("SELECT MAX(version) AS v FROM schema_version")
+    except database_errors():
+        return None
+    return int(rows[0]["v"] or 0)
