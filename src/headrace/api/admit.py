@@ -11,9 +11,9 @@ from fastapi import Request
 
 from headrace.api.arrival import arrival_time
 from headrace.api.errors import APIError, bad_request
+from headrace.api.job import Job
 from headrace.api.logits_fields import processor_params
 from headrace.api.schemas import SamplingFields
-from headrace.api.serving import Job
 from headrace.api.state import AppState
 from headrace.api.structured import grammar_for
 from headrace.api.usage_record import record_refusal

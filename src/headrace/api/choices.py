@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from headrace.api.serving import Job, RequestRun
+from headrace.api.job import Job
+from headrace.api.serving import RequestRun
 from headrace.api.state import AppState
 from headrace.api.usage_record import record_usage
 from headrace.engine.client import GenerationChunk

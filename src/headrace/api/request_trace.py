@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from headrace.api.job import FinishedRun
 from headrace.metrics.tracing import TracedRequest
 
-if TYPE_CHECKING:
-    from headrace.api.serving import RequestRun
 
-
-def traced(run: RequestRun, prompt_tokens: int) -> TracedRequest:
+def traced(run: FinishedRun, prompt_tokens: int) -> TracedRequest:
     job, tenant = run.job, run.job.admission.tenant
     return TracedRequest(
         job.request_id, job.model, tenant.name, tenant.tier, run.replica, job.timer,

@@ -11,41 +11,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from fastapi import Request
 
 from headrace.api.errors import APIError, bad_request
+from headrace.api.job import Job
 from headrace.api.request_trace import traced
 from headrace.api.sse import DONE, error_event, wait_for_disconnect
 from headrace.api.state import AppState
 from headrace.api.usage_record import record_usage
-from headrace.engine.client import EngineClient, GenerateOptions, GenerationChunk
+from headrace.engine.client import GenerationChunk
 from headrace.engine.limits import DoesNotFit
-from headrace.gateway.base import Admission
-from headrace.metrics.timing import RequestTimer
-from headrace.request import FinishReason, SamplingParams
+from headrace.request import FinishReason
 
 log = logging.getLogger("headrace.api")
 T = TypeVar("T")
-
-
-@dataclass
-class Job:
-    """A request that passed every check and holds a gateway admission."""
-
-    request_id: str
-    model: str
-    engine: EngineClient
-    prompt_ids: list[int]
-    params: SamplingParams
-    options: GenerateOptions
-    admission: Admission
-    timer: RequestTimer
-    traceparent: str | None = None  # the caller's trace context, for the request's span
-    key_id: str | None = None  # the caller's key, as the ledger names it
-    route: str = ""
 
 
 def engine_failure(e: Exception, request_id: str) -> APIError:

@@ -10,21 +10,21 @@ from typing import TYPE_CHECKING
 
 from fastapi import Request
 
+from headrace.api.job import FinishedRun
 from headrace.gateway.auth import key_from_headers
 from headrace.ledger.records import UsageRecord, key_id
 from headrace.request import FinishReason
 
 if TYPE_CHECKING:
-    from headrace.api.serving import RequestRun
     from headrace.api.state import AppState
 
 log = logging.getLogger("headrace.ledger")
 ABORTED = 499  # ended before its end: the client left, or the server stopped (nginx's code)
-# What the routes answer for a run that ended so (RequestRun._record raises it).
+# What the routes answer for a run that ended so (FinishedRun._record raises it).
 _ERRORS = {FinishReason.ERROR: 502, FinishReason.OVERLOADED: 503}
 
 
-def record_usage(state: AppState, runs: Sequence[RequestRun], n: int = 1) -> None:
+def record_usage(state: AppState, runs: Sequence[FinishedRun], n: int = 1) -> None:
     """One record for a request's runs (its choices; the first holds the prompt). Called from
     the runs' cleanup: whatever goes wrong here is logged, never raised into it."""
     if state.ledger is None:
@@ -35,7 +35,7 @@ def record_usage(state: AppState, runs: Sequence[RequestRun], n: int = 1) -> Non
         log.exception("the ledger's record of %s was not made", runs[0].job.request_id)
 
 
-def _usage(runs: Sequence[RequestRun], n: int) -> UsageRecord:
+def _usage(runs: Sequence[FinishedRun], n: int) -> UsageRecord:
     first = runs[0]
     job, timer = first.job, first.job.timer
     counts = [r.last for r in runs if r.last is not None]
@@ -52,7 +52,7 @@ def _usage(runs: Sequence[RequestRun], n: int) -> UsageRecord:
     )  # fmt: skip
 
 
-def http_status(runs: Sequence[RequestRun]) -> int:
+def http_status(runs: Sequence[FinishedRun]) -> int:
     """The first error a run ended with; else 499 if one was cut short, else 200."""
     for run in runs:
         status = run.http_status or _ERRORS.get(run.finish_reason or FinishReason.STOP)
