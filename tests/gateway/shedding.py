@@ -7,7 +7,8 @@ import itertools
 import pytest
 
 from headrace.engine.messages import StepStats
-from headrace.gateway.base import GatewayError, Tenant
+from headrace.gateway.base import Tenant
+from headrace.gateway.errors import GatewayError
 from headrace.gateway.overload import LoadShedder
 
 

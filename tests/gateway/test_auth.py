@@ -8,7 +8,7 @@ import pytest
 
 from headrace.gateway import auth
 from headrace.gateway.auth import KeyStore, hash_key, key_from_headers
-from headrace.gateway.base import GatewayError
+from headrace.gateway.errors import GatewayError
 from headrace.gateway.gateway import TenantGateway
 
 

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from headrace.gateway.base import GatewayError, Tenant
+from headrace.gateway.base import Tenant
+from headrace.gateway.errors import GatewayError
 from headrace.gateway.gateway import TenantGateway
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from headrace.gateway.base import GatewayError
+from headrace.gateway.errors import GatewayError
 from headrace.gateway.ratelimit import TenantLimiter, TokenBucket
 
 

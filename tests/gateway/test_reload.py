@@ -12,7 +12,7 @@ from gateway.conftest import FakeClock, tenants_yaml
 from headrace.config import GatewayConfig
 from headrace.gateway.admin_key import AdminKeyError, AdminKeySource
 from headrace.gateway.auth import hash_key
-from headrace.gateway.base import GatewayError
+from headrace.gateway.errors import GatewayError
 from headrace.gateway.gateway import TenantGateway
 from headrace.gateway.reload import GatewayReloader
 from headrace.gateway.shared_limits import SharedLimits

@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from headrace.gateway import limits_actor
-from headrace.gateway.base import GatewayError
+from headrace.gateway.errors import GatewayError
 from headrace.gateway.lease import IDLE_S, Lease
 from headrace.gateway.limits_actor import LimitsPool
 from headrace.gateway.ratelimit import TenantLimiter

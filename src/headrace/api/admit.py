@@ -21,7 +21,8 @@ from headrace.engine.client import EngineClient, GenerateOptions
 from headrace.engine.limits import DoesNotFit, check_fits
 from headrace.engine.tokenizer import Tokenizer
 from headrace.gateway.auth import key_from_headers
-from headrace.gateway.base import GatewayError, Tenant
+from headrace.gateway.base import Tenant
+from headrace.gateway.errors import GatewayError
 from headrace.ledger.records import key_id
 from headrace.metrics.timing import RequestTimer
 from headrace.request import SamplingParams

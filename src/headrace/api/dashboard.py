@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from headrace.api.dashboard_data import snapshot
 from headrace.api.state import app_state
 from headrace.gateway.access import Scope
-from headrace.gateway.base import GatewayError
+from headrace.gateway.errors import GatewayError
 from headrace.metrics.window import SloTargets
 
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}

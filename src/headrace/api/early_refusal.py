@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from headrace.api.errors import APIError, send_error
 from headrace.api.state import AppState
-from headrace.gateway.base import GatewayError
+from headrace.gateway.errors import GatewayError
 
 GENERATION_ROUTES = frozenset({"/v1/generate", "/v1/completions", "/v1/chat/completions"})
 

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import Send
 
 from headrace.api.text import printable
-from headrace.gateway.base import GatewayError
+from headrace.gateway.errors import GatewayError
 
 log = logging.getLogger("headrace.api")
 

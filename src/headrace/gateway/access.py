@@ -20,8 +20,7 @@ import enum
 from collections.abc import Mapping
 
 from headrace.gateway.auth import KeyStore, key_from_headers
-from headrace.gateway.base import GatewayError
-from headrace.gateway.errors import unauthenticated
+from headrace.gateway.errors import GatewayError, unauthenticated
 
 
 class Scope(enum.StrEnum):

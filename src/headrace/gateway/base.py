@@ -4,29 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from headrace.gateway.access import InternalAccess
-
-
-class GatewayError(Exception):
-    """A refusal the HTTP layer turns into a JSON error (401, 429, 503) with headers."""
-
-    def __init__(
-        self,
-        status: int,
-        error_type: str,
-        message: str,
-        headers: Mapping[str, str] | None = None,
-        reason: str = "",
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type  # authentication_error | rate_limit_error | overloaded_error
-        self.message = message
-        self.headers = dict(headers or {})
-        self.reason = reason or error_type
+from headrace.gateway.access import InternalAccess
 
 
 @dataclass(frozen=True)
@@ -101,8 +81,6 @@ class OpenGateway:
     """No tenants file: everyone is the default tenant, no limits."""
 
     def __init__(self, tenant: Tenant | None = None, access: InternalAccess | None = None) -> None:
-        from headrace.gateway.access import InternalAccess  # it needs GatewayError from here
-
         self.tenant = tenant or Tenant()
         self.access = access or InternalAccess()
 

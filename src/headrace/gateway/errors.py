@@ -3,8 +3,26 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
-from headrace.gateway.base import GatewayError
+
+class GatewayError(Exception):
+    """A refusal the HTTP layer turns into a JSON error (401, 429, 503) with headers."""
+
+    def __init__(
+        self,
+        status: int,
+        error_type: str,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+        reason: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type  # authentication_error | rate_limit_error | overloaded_error
+        self.message = message
+        self.headers = dict(headers or {})
+        self.reason = reason or error_type
 
 
 def retry_headers(seconds: float) -> dict[str, str]:

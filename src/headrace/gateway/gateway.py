@@ -17,8 +17,8 @@ from pathlib import Path
 
 from headrace.gateway.access import InternalAccess, Scope
 from headrace.gateway.auth import KeyStore, hash_key, key_from_headers
-from headrace.gateway.base import Admission, GatewayError, Tenant
-from headrace.gateway.errors import unauthenticated
+from headrace.gateway.base import Admission, Tenant
+from headrace.gateway.errors import GatewayError, unauthenticated
 from headrace.gateway.metrics import UNAUTHENTICATED, GatewayMetrics
 from headrace.gateway.overload import Clock, LoadShedder, StatsSource
 from headrace.gateway.ratelimit import TenantLimiter

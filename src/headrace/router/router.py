@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from headrace.config import RouterConfig
 from headrace.engine.client import GenerateOptions, GenerationChunk
@@ -35,10 +35,19 @@ from headrace.router.replica import Replica
 from headrace.router.resume import ResumableStream
 from headrace.router.supervisor import Supervisor
 
-if TYPE_CHECKING:
-    from headrace.router.autoscale_loop import AutoscaleLoop
-
 log = logging.getLogger("headrace.router")
+
+
+class Autoscaling(Protocol):
+    """What a router asks of the autoscaler that adds and removes its replicas
+    (`autoscale_loop.AutoscaleLoop`, which drives the router: hence only this shape here)."""
+
+    def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def describe(self) -> dict[str, object]: ...
+
 
 _RESUME_POLL_S = 0.05
 
@@ -66,7 +75,7 @@ class Router:
         self.retries = 0  # requests sent again after their replica failed
         self.resumes = 0  # streams continued elsewhere after their replica failed mid-way
         self.tokens_delivered = 0  # output tokens sent to callers: the autoscaler's demand
-        self.autoscaler: AutoscaleLoop | None = None
+        self.autoscaler: Autoscaling | None = None
         self._placed: dict[str, Replica] = {}  # request id -> the replica it is on now
         self._between: dict[str, bool] = {}  # resumed streams between replicas -> aborted
         self._closed = False
