@@ -10,8 +10,9 @@ For each shape and batch size (1 ... 256 streams of ~`--context` tokens):
     head, greedy pick), synchronized, median of `--steps`; tokens/s = batch / step;
   * `floor_ms`: (weight bytes + KV bytes the step must read) / `--bandwidth` (4.3 TB/s: the
     H200's measured ceiling in the device notes); `over_floor` = step / floor;
-  * `busy`: summed device kernel time over the step's wall time (torch.profiler), at the
-    smallest and the largest batch: how much of a step the host leaves the device idle.
+  * `profile`, at the smallest and the largest batch (torch.profiler): `busy`, summed device
+    kernel time over the step's wall time (how much of a step the host leaves the device
+    idle), kernel launches a step, and the five kernels that take the most device time.
 Then the engine as served (continuous batching, scheduler and all, no HTTP) on the small shape:
 output tokens/s and TPOT with 1 / 16 / 64 / 256 requests of 64 tokens at once, and the join
 probe: a short request added beside 64 running streams, its wait to a first token against its
@@ -97,11 +98,11 @@ def _shape(name: str, batches: list[int], device: torch.device, args: Any) -> di
             "floor_ms": float(f"{floor:.4g}"),
             "over_floor": round(ms / floor, 2),
         }
-        if b in (batches[0], batches[-1]) and device.type == "cuda":
+        if b in (batches[0], batches[-1]) and (device.type == "cuda" or args.quick):
             try:
-                row["busy"] = _busy_share(harness, device)
+                row["profile"] = _busy_share(harness, device)
             except Exception as e:  # noqa: BLE001  (the profiler's API moves between versions)
-                row["busy"] = repr(e)
+                row["profile"] = repr(e)
         out["levels"][str(b)] = row
         print(name, b, row, flush=True)
     del runner
@@ -130,19 +131,29 @@ def _decode_ms(
     return harness, statistics.median(times)
 
 
-def _busy_share(harness: RunnerHarness, device: torch.device) -> float:
-    """Device kernel time over wall time across three decode steps."""
+def _busy_share(harness: RunnerHarness, device: torch.device) -> dict[str, Any]:
+    """Over three decode steps: device kernel time over wall time, kernel launches a step,
+    and the five kernels that take the most device time (where the time goes)."""
     from torch.profiler import ProfilerActivity, profile
 
     _sync(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
         start = time.perf_counter()
         for _ in range(3):
             harness.step()
         _sync(device)
         wall = time.perf_counter() - start
-    kernels = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
-    return round(kernels / 1e6 / wall, 3)
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    busy = sum(e.device_time_total for e in kernels) / 1e6
+    top = sorted(kernels, key=lambda e: -e.device_time_total)[:5]
+    return {
+        "busy": round(busy / wall, 3),
+        "launches_per_step": round(sum(e.count for e in kernels) / 3),
+        "top_kernels_ms_per_step": {e.key[:60]: round(e.device_time_total / 3e3, 3) for e in top},
+    }
 
 
 def _sync(device: torch.device) -> None:
