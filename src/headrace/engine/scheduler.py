@@ -11,30 +11,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 
 from headrace.config import SchedulerConfig
 from headrace.engine.admission import make_admission
 from headrace.engine.block_manager import BlockManager
 from headrace.engine.fair_queue import FairQueue
+from headrace.engine.kv_manager import KVManager
 from headrace.engine.limits import check_fits
 from headrace.engine.messages import RequestOutput, StepStats
-from headrace.engine.ngram_proposer import NgramProposer
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.preemption import victims_to_admit
 from headrace.engine.request_report import expired_status, request_output
-from headrace.engine.speculation import accept, drafts_for, next_window
+from headrace.engine.speculation import accept
+from headrace.engine.speculator import Speculator
 from headrace.engine.step_budget import StepBudget
-from headrace.engine.step_plan import known_tokens, prompt_tokens, scheduled_request
+from headrace.engine.step_plan import prompt_tokens, scheduled_request
 from headrace.engine.step_stats import collect_stats
 from headrace.engine.stop_checker import append_until_stop
 from headrace.engine.waiting_queue import WaitingQueue
 from headrace.request import Request, RequestStatus
 
 log = logging.getLogger(__name__)
-
-# Admission keeps this share of the pool free so that running requests can grow a block
-# without preempting a request that was admitted a step earlier.
-_WATERMARK = 0.01
 
 
 def _rank(req: Request) -> tuple[int, float]:
@@ -52,6 +50,7 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.blocks = block_manager
+        self.kv = KVManager(block_manager)
         self.max_model_len = max_model_len
         # Fair sharing between tenants within a priority; with one tenant it is exactly
         # priority-then-arrival order (PriorityQueue).
@@ -64,15 +63,10 @@ class Scheduler:
         self.running: list[Request] = []  # in rank order: priority, then arrival
         self.num_preemptions_total = 0
         self.num_tokens_total = 0  # computed in all steps so far: the gateway's throughput
-        self.prefix_queries_total = 0  # prompt tokens looked up in the prefix cache
-        self.prefix_hits_total = 0  # ... and found there
         self._pending: list[RequestOutput] = []  # finished outside a step (abort, deadline)
         self._finished_ids: list[str] = []  # for the runner to drop their state
         self._last_prefill = 0  # prompt tokens in the last scheduled step
-        self.proposer = NgramProposer(config.num_speculative_tokens)
-        self._drafts: dict[str, list[int]] = {}  # this step's speculative tokens, per request
-        self.spec_drafted_total = 0  # draft tokens checked so far
-        self.spec_accepted_total = 0  # ... and kept
+        self.spec = Speculator(config, max_model_len)
 
     # -- requests in and out ------------------------------------------------------------
 
@@ -129,10 +123,7 @@ class Scheduler:
         plan: dict[str, int] = {}  # request id -> tokens this step, in scheduling order
         budget = self.budget.next(self.running, self.queue)
         preempted: set[str] = set()
-        speculate = self.proposer.num_tokens > 0 and (
-            len(self.running) <= self.config.speculative_max_seqs
-        )
-        self._drafts = {}
+        speculate = self.spec.begin_step(len(self.running))
         # Decode tokens first, so that a long prompt's chunks never stall running streams.
         for decodes in (True, False):
             for req in list(self.running):
@@ -144,7 +135,7 @@ class Scheduler:
                     continue
                 n = min(remaining, budget)
                 if decodes and speculate:
-                    n += self._draft(req, budget)
+                    n += self.spec.draft(req, budget, partial(self.blocks.can_fit, rid))
                 budget -= self._schedule_running(req, n, plan, preempted)
         budget = self._admit(budget, plan, preempted, now)
         return self._build_output(plan, now)
@@ -174,18 +165,8 @@ class Scheduler:
         computed = s.start_pos + len(s.token_ids) - len(drafts) + max(0, len(new) - 1)
         req.num_computed_tokens = min(computed, req.num_tokens)
         if drafts:
-            kept = max(0, len(new) - 1)
-            self.spec_drafted_total += len(drafts)
-            self.spec_accepted_total += kept
-            req.num_draft_tokens += len(drafts)
-            req.num_accepted_tokens += kept
-            window = req.draft_window or self.proposer.num_tokens
-            req.draft_window = next_window(window, len(drafts), kept, self.proposer.num_tokens)
-            self.blocks.trim(req.request_id, req.num_computed_tokens)
-        if self.blocks.num_uncached_full_blocks(req.request_id, req.num_computed_tokens) > 0:
-            self.blocks.cache_computed(
-                req.request_id, req.all_token_ids, req.num_computed_tokens, req.cache_salt
-            )
+            self.spec.settle(req, len(drafts), max(0, len(new) - 1))
+        self.kv.computed(req, drafted=bool(drafts))
         if not s.sample:
             return
         if token is None:
@@ -211,15 +192,6 @@ class Scheduler:
         self._pending.append(request_output(req, [], error=error))
 
     # -- scheduling helpers -------------------------------------------------------------
-
-    def _draft(self, req: Request, budget: int) -> int:
-        """Propose drafts for a decoding request where its blocks can hold them without
-        taking anyone's; returns how many (they are kept for `_build_output`)."""
-        drafts = drafts_for(req, self.proposer, self.max_model_len, budget)
-        if not drafts or not self.blocks.can_fit(req.request_id, req.num_tokens + len(drafts)):
-            return 0
-        self._drafts[req.request_id] = drafts
-        return len(drafts)
 
     def _schedule_running(
         self, req: Request, n: int, plan: dict[str, int], preempted: set[str]
@@ -249,9 +221,8 @@ class Scheduler:
             req = self.admission.next_candidate(self.queue, now)
             if req is None or req.request_id in preempted:
                 break
-            hit = self._match_prefix(req)
-            if self.blocks.next_block_promised(req.request_id, known_tokens(req), req.cache_salt):
-                self._unmatch(req)
+            hit = self.kv.match(req)
+            if hit is None:  # a running request computes its next block: a hit soon
                 self.queue.remove(req)
                 deferred.append(req)
                 continue
@@ -259,23 +230,20 @@ class Scheduler:
             if not self._room_for(req, n):
                 refund = self._preempt_for_priority(req, n, plan, preempted)
                 if refund is None:
-                    self._unmatch(req)
+                    self.kv.release(req)
                     break
                 budget += refund
-            if self.blocks.allocate(req.request_id, req.num_computed_tokens + n) is None:
-                self._unmatch(req)  # victims' blocks were shared after all: wait a step
+            if not self.kv.allocate(req, req.num_computed_tokens + n):
+                self.kv.release(req)  # victims' blocks were shared after all: wait a step
                 break
             if req is self.queue.peek():
                 self.queue.pop()
             else:
                 self.queue.remove(req)
             req.status = RequestStatus.RUNNING
-            self.blocks.promise(req.request_id, known_tokens(req), req.cache_salt)
+            self.kv.admitted(req, hit, first=req.first_scheduled_time is None)
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
-                req.num_cached_tokens = hit
-                self.prefix_queries_total += req.num_prompt_tokens if self.blocks.caching else 0
-                self.prefix_hits_total += hit
             self.running.append(req)
             self.running.sort(key=_rank)
             plan[req.request_id] = n
@@ -284,26 +252,10 @@ class Scheduler:
             self.queue.add(req)
         return budget
 
-    def _match_prefix(self, req: Request) -> int:
-        """Start a waiting request at its cached prefix; returns the tokens found."""
-        if not self.blocks.caching or self.blocks.num_blocks_of(req.request_id):
-            return 0
-        req.num_computed_tokens = self.blocks.match(
-            req.request_id, known_tokens(req), req.cache_salt
-        )
-        return req.num_computed_tokens
-
-    def _unmatch(self, req: Request) -> None:
-        """A request that stays waiting lets go of the cached blocks it matched."""
-        self.blocks.free(req.request_id)
-        req.num_computed_tokens = 0
-
     def _room_for(self, req: Request, n: int) -> bool:
         if len(self.running) >= self.config.seqs_limit:
             return False
-        need = self.blocks.blocks_needed(req.request_id, req.num_computed_tokens + n)
-        reserve = int(self.blocks.num_blocks * _WATERMARK) if self.running else 0
-        return need + reserve <= self.blocks.num_free_blocks
+        return self.kv.has_room(req, n, others_running=bool(self.running))
 
     def _preempt_for_priority(
         self, req: Request, n: int, plan: dict[str, int], preempted: set[str]
@@ -338,8 +290,7 @@ class Scheduler:
         self._last_prefill = 0
         for rid, n in plan.items():
             req = self.requests[rid]
-            # _schedule_running may have cut a speculative step short of its drafts.
-            drafts = self._drafts.get(rid, [])[: max(0, n - 1)] if n > 1 else []
+            drafts = self.spec.take(rid, n)
             s = scheduled_request(req, n - len(drafts), drafts, self.blocks.block_table(rid))
             self._last_prefill += prompt_tokens(s, req)
             scheduled.append(s)
@@ -369,12 +320,24 @@ class Scheduler:
 
     # -- statistics ---------------------------------------------------------------------
 
+    @property
+    def prefix_hits_total(self) -> int:
+        return self.kv.prefix_hits_total
+
+    @property
+    def spec_drafted_total(self) -> int:
+        return self.spec.drafted_total
+
+    @property
+    def spec_accepted_total(self) -> int:
+        return self.spec.accepted_total
+
     def stats(self, out: SchedulerOutput | None = None, step_duration: float = 0.0) -> StepStats:
         """Gauges now, with the token counts of `out` (the step just run), if given."""
         batched = out.num_batched_tokens if out is not None else 0
         return collect_stats(
             self.running, self.queue, self.blocks, self.num_preemptions_total,
             batched, min(self._last_prefill, batched), step_duration, self.num_tokens_total,
-            (self.prefix_queries_total, self.prefix_hits_total),
-            (self.spec_drafted_total, self.spec_accepted_total),
+            (self.kv.prefix_queries_total, self.kv.prefix_hits_total),
+            (self.spec.drafted_total, self.spec.accepted_total),
         )  # fmt: skip
