@@ -221,6 +221,7 @@ class AsyncEngine:
             arrival_time=opts.arrival_time,
             cache_salt=opts.cache_salt,
             eos_token_ids=self.tokenizer.eos_token_ids,
+            lora_name=opts.lora,
         )
         core_request.validate()  # a bad option is the caller's error here, not the core's
         if self.failure is not None:

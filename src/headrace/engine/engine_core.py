@@ -95,6 +95,8 @@ class EngineCore:
         # Deadlines count from the HTTP arrival when the front end stamped it (never later
         # than now, should the clocks disagree).
         start = now if r.arrival_time is None else min(r.arrival_time, now)
+        lora_id = self._lora_id(r.lora_name)
+        salt = r.tenant if r.cache_salt is None else r.cache_salt
         self.scheduler.add_request(
             Request(
                 request_id=r.request_id,
@@ -104,12 +106,24 @@ class EngineCore:
                 priority=r.priority,
                 tenant=r.tenant,
                 weight=r.weight,
-                cache_salt=r.tenant if r.cache_salt is None else r.cache_salt,
+                # Two adapters (or an adapter and the base) never share KV: the salt says which
+                cache_salt=salt if not lora_id else f"{salt}\x00lora:{lora_id}",
+                lora_id=lora_id,
                 arrival_time=start,
                 deadline=None if r.timeout_s is None else start + r.timeout_s,
                 queue_deadline=None if r.queue_timeout_s is None else start + r.queue_timeout_s,
             )
         )
+
+    def _lora_id(self, name: str | None) -> int:
+        """The runner's id of adapter `name` (0: the base); ValueError if it is not loaded."""
+        if name is None:
+            return 0
+        loras = getattr(self.runner, "loras", None)  # test runners hold no adapters
+        if loras is None:
+            raise ValueError(f"adapter {name!r}: this engine serves no LoRA adapters")
+        lora_id: int = loras.id_of(name)
+        return lora_id
 
     def _eos_for(self, r: EngineCoreRequest) -> tuple[int, ...]:
         if not r.eos_token_ids:

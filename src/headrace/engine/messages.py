@@ -108,6 +108,7 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, tag="request", array_like=T
     # End-of-sequence tokens beside the model's own: the front end's tokenizer knows them
     # (its EOS and the chat format's turn end); the core never loads a tokenizer.
     eos_token_ids: tuple[int, ...] = ()
+    lora_name: str | None = None  # a LoRA adapter the core's runner holds; None: the base
 
     def validate(self) -> None:
         """ValueError for a field of the wrong type or range. A core thread gets the object
@@ -117,6 +118,8 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, tag="request", array_like=T
             raise ValueError("request_id and tenant must be strings")
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise ValueError(f"cache_salt must be a string or None, got {self.cache_salt!r}")
+        if self.lora_name is not None and not isinstance(self.lora_name, str):
+            raise ValueError(f"lora_name must be a string or None, got {self.lora_name!r}")
         for name in ("prompt_token_ids", "eos_token_ids"):
             ids = getattr(self, name)
             if not isinstance(ids, list | tuple) or not all(type(t) is int and t >= 0 for t in ids):

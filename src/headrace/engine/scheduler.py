@@ -247,6 +247,10 @@ class Scheduler:
             req = self.admission.next_candidate(self.queue, now)
             if req is None or req.request_id in preempted:
                 break
+            if not self._lora_fits(req):  # its adapter waits for a turn in the batch
+                self.queue.remove(req)
+                deferred.append(req)
+                continue
             hit = self._match_prefix(req)
             if self.blocks.next_block_promised(req.request_id, known_tokens(req), req.cache_salt):
                 self._unmatch(req)
@@ -281,6 +285,13 @@ class Scheduler:
         for req in deferred:
             self.queue.add(req)
         return budget
+
+    def _lora_fits(self, req: Request) -> bool:
+        """A request of a LoRA adapter runs only while at most `max_loras` adapters do."""
+        if not req.lora_id:
+            return True
+        active = {r.lora_id for r in self.running if r.lora_id}
+        return req.lora_id in active or len(active) < self.config.max_loras
 
     def _match_prefix(self, req: Request) -> int:
         """Start a waiting request at its cached prefix; returns the tokens found."""
