@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         gateway, reloader = setup_gateway(config.gateway, os.environ)
         name, replicas = config.model.served_model_name, config.router.replicas
         specs = parse_model_specs(models, name, replicas, served_name)
+        if config.model.lora and len(specs) > 1:
+            raise ValueError("--lora adapters go over one base model; several --model given")
     except ValueError as e:
         log.error("%s", e)
         return 2
@@ -143,6 +145,7 @@ def serve(
     app = build_app({}, gateway or OpenGateway(), server_cfg, loader=load)
     state = app.state.headrace
     state.reloader = reloader
+    state.adapters = {lora: specs[0].name for lora in model_cfg.lora_paths}
     connect_gateway(state.gateway, lambda: state.engines, state.metrics)
     state.metrics.add_collector(RouterMetrics(lambda: state.engines))
     if server_cfg.otlp_traces_endpoint is not None:

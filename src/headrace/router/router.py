@@ -132,6 +132,7 @@ class Router:
         ids = list(prompt_token_ids)
         opts = options or GenerateOptions()
         salt = opts.tenant if opts.cache_salt is None else opts.cache_salt  # as the engine's
+        salt += "" if opts.lora is None else f"\x00lora:{opts.lora}"
         affinity = self.policy.uses_prefixes and len(self.replicas) > 1
         hashes = prefix_hashes(ids, salt) if affinity else []
         stream = ResumableStream(ids, params, self.config.max_resumes, self.tokenizer)

@@ -1,0 +1,43 @@
+"""Scheduling with adapters: at most `max_loras` adapters run at once, the others wait their
+turn (never fail), base requests are never held back by adapters."""
+
+from __future__ import annotations
+
+from factories import make_request, make_scheduler
+
+from headrace.engine.messages import RequestOutput
+from headrace.engine.outputs import RunnerOutput, SchedulerOutput
+from headrace.request import Request
+
+
+def _lora(rid: str, lora_id: int, max_tokens: int = 3) -> Request:
+    req = make_request(rid, max_tokens=max_tokens, ignore_eos=True)
+    req.lora_id = lora_id
+    return req
+
+
+def _step(sched, out: SchedulerOutput) -> list[RequestOutput]:  # type: ignore[no-untyped-def]
+    sampled = {s.request_id: 7 for s in out.scheduled if s.sample}
+    outputs: list[RequestOutput] = sched.update(out, RunnerOutput(sampled=sampled))
+    sched.blocks.check_invariants()
+    return outputs
+
+
+def test_adapters_beyond_max_loras_wait_their_turn() -> None:
+    sched = make_scheduler(max_loras=2, num_speculative_tokens=0)
+    for req in (_lora("a1", 1), _lora("b", 2), _lora("c", 3), _lora("a2", 1), _lora("base", 0)):
+        sched.add_request(req)
+    out = sched.schedule()
+    first = {s.request_id: s.lora_id for s in out.scheduled}
+    assert first == {"a1": 1, "b": 2, "a2": 1, "base": 0}  # c's adapter is a third: it waits
+    tokens: dict[str, int] = {}
+    finished: set[str] = set()
+    while sched.has_work():
+        assert len({s.lora_id for s in out.scheduled if s.lora_id}) <= 2
+        if any(s.request_id == "c" for s in out.scheduled):
+            assert {"a1", "a2"} <= finished or "b" in finished  # once an adapter left
+        for o in _step(sched, out):
+            tokens[o.request_id] = tokens.get(o.request_id, 0) + len(o.new_token_ids)
+            finished |= {o.request_id} if o.finished else set()
+        out = sched.schedule()
+    assert tokens == {"a1": 3, "b": 3, "c": 3, "a2": 3, "base": 3}  # c waited, never failed
