@@ -41,9 +41,12 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     hf_base = make_tiny("llama", tmp / "tiny")
     ps = prompts(3)
     expected: dict[str | None, list[list[int]]] = {None: [hf_greedy(hf_base, p, NEW) for p in ps]}
-    for seed, name in enumerate(ADAPTERS, start=1):
+    for seed, name in enumerate((*ADAPTERS, "extra"), start=1):
         peft_model = make_adapter(tmp / "tiny", tmp / name, seed)
         expected[name] = [hf_greedy(peft_model, p, NEW) for p in ps]
+    make_adapter(tmp / "tiny", tmp / "big", 9, r=128)  # above --max-lora-rank 64
+    make_tiny("qwen3", tmp / "qwen3")
+    make_adapter(tmp / "qwen3", tmp / "other", 10)  # another model's shapes
     return {"dir": tmp, "prompts": ps, "expected": expected}
 
 
@@ -154,3 +157,36 @@ def test_no_cache_hit_across_adapters(server: Server) -> None:
     assert cached("legal") == 0  # nor one adapter's another's
     assert cached("support") > 0
     assert cached("legal") > 0
+
+
+def test_load_and_unload_at_run_time(server: Server, made: dict[str, Any]) -> None:
+    tmp: Path = made["dir"]
+
+    def admin(route: str, body: dict[str, str]) -> httpx.Response:
+        return httpx.post(f"{server.url}/v1/{route}", json=body, headers=_auth("admin"), timeout=60)
+
+    for bad, reason in (("big", "rank 128 is above --max-lora-rank 64"), ("other", "do not fit"),
+                        ("missing", "cannot read the adapter config")):  # fmt: skip
+        r = admin("load_lora_adapter", {"lora_name": bad, "lora_path": str(tmp / bad)})
+        assert r.status_code == 400 and reason in r.json()["error"]["message"], r.text
+    r = admin("load_lora_adapter", {"lora_name": "extra", "lora_path": str(tmp / "extra")})
+    assert r.status_code == 200, r.text
+    want = _text(made, made["expected"]["extra"][0])
+
+    async def ask() -> str:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+            return await _complete(c, "extra", made["prompts"][0])
+
+    assert asyncio.run(ask()) == want  # bob may use every adapter ("*"), new ones too
+    assert asyncio.run(ask_support(server, made)) == _text(made, made["expected"]["support"][0])
+    r = admin("unload_lora_adapter", {"lora_name": "extra"})
+    assert r.status_code == 200, r.text
+    body = {"model": "extra", "prompt": "hello", "max_tokens": 2}
+    r = httpx.post(server.url + "/v1/completions", json=body, headers=_auth("bob"), timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+async def ask_support(server: Server, made: dict[str, Any]) -> str:
+    """The adapters loaded at start are untouched by refused loads and other unloads."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+        return await _complete(c, "support", made["prompts"][0])

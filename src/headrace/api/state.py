@@ -31,6 +31,7 @@ class AppState:
     reloader: GatewayReloader | None = None  # SIGHUP and POST /admin/reload
     grammars: GrammarCache = field(default_factory=grammar_cache)  # compiled, by source
     adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapter -> its base model
+    lora_busy: set[str] = field(default_factory=set)  # adapters being loaded or unloaded
 
     def target(self, model: str | None, tenant: Tenant) -> Target:
         """What `model` names for `tenant`: a base model, or a LoRA adapter it may use (on its

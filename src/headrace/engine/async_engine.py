@@ -31,6 +31,8 @@ from headrace.engine.messages import (
     CoreReady,
     EngineCoreRequest,
     FromCore,
+    LoraCommand,
+    LoraDone,
     RequestOutput,
     StepStats,
 )
@@ -65,6 +67,7 @@ class AsyncEngine:
         self._info: CoreReady | None = None
         self._tokenizer: Tokenizer | None = None
         self._ready: asyncio.Future[CoreReady] = asyncio.get_running_loop().create_future()
+        self._lora_waits: dict[str, asyncio.Future[str | None]] = {}  # command id -> its answer
 
     @classmethod
     async def start(
@@ -245,6 +248,22 @@ class AsyncEngine:
                 self._conn.send(AbortRequests([stream.core_id]))
             self._forget(stream)
 
+    async def lora_command(self, name: str, path: str | None) -> None:
+        """Load the adapter in directory `path` as `name` in the core, or unload `name`
+        (`path` None); ValueError with the core's reason when refused (nothing changed)."""
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
+        command_id = f"lora#{next(self._ids)}"
+        answer: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._lora_waits[command_id] = answer
+        try:
+            self._conn.send(LoraCommand(command_id, name, path))
+            error = await answer
+        finally:
+            self._lora_waits.pop(command_id, None)
+        if error is not None:
+            raise ValueError(error)
+
     async def abort(self, request_id: str) -> None:
         """End a request; its iterator (if still read) gets a final `abort` chunk."""
         stream = self._streams.get(request_id)
@@ -265,6 +284,10 @@ class AsyncEngine:
             self._stats = msg.stats
             for out in msg.outputs:
                 self._route(out)
+        elif isinstance(msg, LoraDone):
+            answer = self._lora_waits.get(msg.command_id)
+            if answer is not None and not answer.done():
+                answer.set_result(msg.error)
         elif isinstance(msg, CoreReady):
             if not self._ready.done():
                 self._ready.set_result(msg)
@@ -292,6 +315,9 @@ class AsyncEngine:
         self._dead = reason
         if not self._ready.done():
             self._ready.set_exception(RuntimeError(reason))
+        for answer in self._lora_waits.values():
+            if not answer.done():
+                answer.set_exception(RuntimeError(reason))
         self._end_all(reason)
 
     def _end_all(self, reason: str) -> None:

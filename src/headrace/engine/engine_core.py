@@ -15,7 +15,14 @@ from typing import Protocol
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.block_manager import BlockManager
-from headrace.engine.messages import CoreReady, EngineCoreRequest, RequestOutput, StepStats
+from headrace.engine.messages import (
+    CoreReady,
+    EngineCoreRequest,
+    LoraCommand,
+    LoraDone,
+    RequestOutput,
+    StepStats,
+)
 from headrace.engine.outputs import RunnerOutput, SchedulerOutput
 from headrace.engine.scheduler import Scheduler
 from headrace.engine.step_retry import execute_isolating_failures
@@ -114,6 +121,25 @@ class EngineCore:
                 queue_deadline=None if r.queue_timeout_s is None else start + r.queue_timeout_s,
             )
         )
+
+    def apply_lora(self, cmd: LoraCommand) -> LoraDone:
+        """Load or unload an adapter; an unloaded adapter's requests end with an error."""
+        loras = getattr(self.runner, "loras", None)
+        try:
+            if loras is None:
+                raise ValueError("this engine serves no LoRA adapters")
+            if cmd.path is not None:
+                loras.load(cmd.name, cmd.path)
+                return LoraDone(cmd.command_id)
+            lora_id = loras.id_of(cmd.name)
+            users = [r.request_id for r in self.scheduler.requests.values() if r.lora_id == lora_id]
+            loras.unload(cmd.name)
+            self.scheduler.fail(users, f"adapter {cmd.name!r} was unloaded")
+        except Exception as e:  # refused (ValueError) or broken: the adapters stay as they were
+            if not isinstance(e, ValueError):
+                log.exception("LoRA command on %s failed", cmd.name)
+            return LoraDone(cmd.command_id, str(e) if isinstance(e, ValueError) else repr(e))
+        return LoraDone(cmd.command_id)
 
     def _lora_id(self, name: str | None) -> int:
         """The runner's id of adapter `name` (0: the base); ValueError if it is not loaded."""

@@ -147,6 +147,15 @@ class Shutdown(msgspec.Struct, frozen=True, tag="shutdown", array_like=True):
     pass
 
 
+class LoraCommand(msgspec.Struct, frozen=True, tag="lora", array_like=True):
+    """Load the LoRA adapter in directory `path` as `name` (the core reads the files itself),
+    or unload `name` (`path` None); answered by a `LoraDone` of the same `command_id`."""
+
+    command_id: str
+    name: str
+    path: str | None = None
+
+
 # -- core -> front end ------------------------------------------------------------------------
 
 
@@ -171,8 +180,13 @@ class CoreOutputs(msgspec.Struct, frozen=True, tag="outputs", array_like=True):
     stats: StepStats
 
 
-ToCore = EngineCoreRequest | AbortRequests | Shutdown
-FromCore = CoreReady | CoreFailed | CoreOutputs
+class LoraDone(msgspec.Struct, frozen=True, tag="lora_done", array_like=True):
+    command_id: str
+    error: str | None = None  # why the command was refused; nothing changed then
+
+
+ToCore = EngineCoreRequest | AbortRequests | Shutdown | LoraCommand
+FromCore = CoreReady | CoreFailed | CoreOutputs | LoraDone
 
 _encoder = msgspec.msgpack.Encoder()
 _to_core = msgspec.msgpack.Decoder(ToCore)
