@@ -1,0 +1,53 @@
+"""An engine core with adapters: `--lora` at start, a request's adapter by name, its cache salt,
+and an unload that ends the adapter's requests (never the others')."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from factories import make_tiny, prompts
+from factories.lora import make_adapter
+
+from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
+from headrace.engine.engine_core import EngineCore
+from headrace.engine.messages import EngineCoreRequest, LoraCommand
+from headrace.request import FinishReason, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory: pytest.TempPathFactory) -> EngineCore:
+    tmp = tmp_path_factory.mktemp("lora-engine")
+    make_tiny("llama", tmp / "tiny")
+    make_adapter(tmp / "tiny", tmp / "a", seed=1)
+    model = ModelConfig(model=str(tmp / "tiny"), dtype="float32", lora=(f"a={tmp / 'a'}",))
+    return EngineCore.from_configs(
+        model, CacheConfig(block_size=4, num_kv_blocks=128), SchedulerConfig()
+    )
+
+
+def _request(rid: str, lora: str | None) -> EngineCoreRequest:
+    params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
+    return EngineCoreRequest(rid, prompts(1)[0], params, tenant="t", lora_name=lora)
+
+
+def test_adapter_by_name_salted_and_unloaded_under_way(core: EngineCore) -> None:
+    with pytest.raises(ValueError, match="adapter 'nope' is not loaded"):
+        core.add_request(_request("x", "nope"))
+    core.add_request(_request("base", None))
+    core.add_request(_request("with-a", "a"))
+    reqs = core.scheduler.requests
+    assert reqs["base"].cache_salt == "t" and reqs["base"].lora_id == 0
+    assert reqs["with-a"].cache_salt.startswith("t\x00lora:") and reqs["with-a"].lora_id > 0
+    for _ in range(3):
+        core.step()
+    done = core.apply_lora(LoraCommand("c1", "a"))
+    assert done.error is None
+    outputs, _ = core.step()
+    ended = {o.request_id: o for o in outputs if o.finished}
+    assert ended["with-a"].finish_reason is FinishReason.ERROR
+    assert "'a' was unloaded" in (ended["with-a"].error or "")
+    assert "base" in core.scheduler.requests  # the base request goes on
+    assert core.apply_lora(LoraCommand("c2", "a")).error == "adapter 'a' is not loaded"
+    refused = core.apply_lora(LoraCommand("c3", "b", "/nowhere"))
+    assert refused.error is not None and "cannot read the adapter config" in refused.error
