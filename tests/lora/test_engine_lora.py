@@ -3,8 +3,6 @@ and an unload that ends the adapter's requests (never the others')."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from factories import make_tiny, prompts
 from factories.lora import make_adapter

@@ -1,5 +1,6 @@
 """LoRA adapters are token-exact with transformers + peft (fp32, greedy), alone and mixed in one
-batch with the base model and each other, prompts whole or in chunks."""
+batch with the base model and each other, prompts whole or in chunks; on the CPU and, where a
+GPU is present, on CUDA against transformers on the CPU."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from factories import hf_greedy, make_tiny, prompts
+from factories import DEVICES, hf_greedy, make_tiny, prompts
 from factories.lora import make_adapter
 
 from headrace.config import CacheConfig
@@ -25,14 +26,15 @@ ADAPTERS = [
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
-def test_adapters_match_peft_alone_and_mixed(arch: str, tmp_path: Path) -> None:
+def test_adapters_match_peft_alone_and_mixed(arch: str, device: str, tmp_path: Path) -> None:
     base_dir = tmp_path / "base"
     hf_base = make_tiny(arch, base_dir)
     ps = prompts(4)
     base_expected = [hf_greedy(hf_base, p, NEW_TOKENS) for p in ps]
     expected: dict[str, list[list[int]]] = {}
-    model, _ = load_model(base_dir, torch.float32, torch.device("cpu"), 512)
+    model, _ = load_model(base_dir, torch.float32, torch.device(device), 512)
     runner = ModelRunner.from_parts(model, base_dir, CacheConfig(block_size=4, num_kv_blocks=512))
     ids: dict[str, int] = {}
     for seed, (name, r, alpha, targets, rs) in enumerate(ADAPTERS, start=1):

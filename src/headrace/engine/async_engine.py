@@ -24,6 +24,7 @@ from headrace.engine.core_connection import CoreConnection
 from headrace.engine.core_link import CoreBusyError
 from headrace.engine.core_loop import CoreSpec, QueueFactory, RunnerFactory
 from headrace.engine.limits import check_fits
+from headrace.engine.lora_commands import LoraCommands
 from headrace.engine.messages import (
     AbortRequests,
     CoreFailed,
@@ -31,7 +32,6 @@ from headrace.engine.messages import (
     CoreReady,
     EngineCoreRequest,
     FromCore,
-    LoraCommand,
     LoraDone,
     RequestOutput,
     StepStats,
@@ -67,7 +67,7 @@ class AsyncEngine:
         self._info: CoreReady | None = None
         self._tokenizer: Tokenizer | None = None
         self._ready: asyncio.Future[CoreReady] = asyncio.get_running_loop().create_future()
-        self._lora_waits: dict[str, asyncio.Future[str | None]] = {}  # command id -> its answer
+        self._loras = LoraCommands(conn.send)
 
     @classmethod
     async def start(
@@ -253,16 +253,7 @@ class AsyncEngine:
         (`path` None); ValueError with the core's reason when refused (nothing changed)."""
         if self.failure is not None:
             raise RuntimeError(self.failure)
-        command_id = f"lora#{next(self._ids)}"
-        answer: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._lora_waits[command_id] = answer
-        try:
-            self._conn.send(LoraCommand(command_id, name, path))
-            error = await answer
-        finally:
-            self._lora_waits.pop(command_id, None)
-        if error is not None:
-            raise ValueError(error)
+        await self._loras.run(name, path)
 
     async def abort(self, request_id: str) -> None:
         """End a request; its iterator (if still read) gets a final `abort` chunk."""
@@ -285,9 +276,7 @@ class AsyncEngine:
             for out in msg.outputs:
                 self._route(out)
         elif isinstance(msg, LoraDone):
-            answer = self._lora_waits.get(msg.command_id)
-            if answer is not None and not answer.done():
-                answer.set_result(msg.error)
+            self._loras.answer(msg)
         elif isinstance(msg, CoreReady):
             if not self._ready.done():
                 self._ready.set_result(msg)
@@ -315,9 +304,7 @@ class AsyncEngine:
         self._dead = reason
         if not self._ready.done():
             self._ready.set_exception(RuntimeError(reason))
-        for answer in self._lora_waits.values():
-            if not answer.done():
-                answer.set_exception(RuntimeError(reason))
+        self._loras.fail_all(reason)
         self._end_all(reason)
 
     def _end_all(self, reason: str) -> None:
