@@ -13,8 +13,9 @@ from factories.lora import make_adapter
 
 from headrace.config import CacheConfig
 from headrace.engine.model_runner import ModelRunner
-from headrace.engine.runner_harness import greedy
+from headrace.engine.runner_harness import GREEDY, RunnerHarness, greedy
 from headrace.loader.hf import load_model
+from headrace.request import SamplingParams
 
 NEW_TOKENS = 16
 # (name, rank, alpha, targets, rsLoRA): every projection, attention only, the MLP only
@@ -72,3 +73,30 @@ def test_unloaded_adapter_leaves_the_others(tmp_path: Path) -> None:
         greedy(runner, ps, 8, lora_ids=[b, 0])
     # a reload under the same name gets a new id: KV salted with the old one never matches
     assert runner.loras.load("b", tmp_path / "b") not in (a, b)
+
+
+def test_sampled_and_greedy_mixed_give_what_they_give_alone(tmp_path: Path) -> None:
+    """Seeded sampled requests and greedy ones of the base and three adapters in one batch."""
+    base_dir = tmp_path / "base"
+    make_tiny("qwen2", base_dir)
+    model, _ = load_model(base_dir, torch.float32, torch.device("cpu"), 512)
+    runner = ModelRunner.from_parts(model, base_dir, CacheConfig(block_size=4, num_kv_blocks=512))
+    ids = [0]
+    for seed, (name, r, alpha, targets, rs) in enumerate(ADAPTERS, start=1):
+        make_adapter(base_dir, tmp_path / name, seed, r, alpha, targets, rs)
+        ids.append(runner.loras.load(name, tmp_path / name))
+    ps = prompts(8)
+    cases = [
+        (f"r{i}", ps[i], ids[i % 4], GREEDY if i % 2 else SamplingParams(temperature=0.9, seed=i))
+        for i in range(8)
+    ]
+
+    def run(chosen: list[tuple[str, list[int], int, SamplingParams]]) -> dict[str, list[int]]:
+        harness = RunnerHarness(runner)
+        for rid, prompt, lora_id, params in chosen:
+            harness.add(rid, prompt, 12, params, chunk=7, lora_id=lora_id)
+        return harness.run()
+
+    alone = {rid: out for case in cases for rid, out in run([case]).items()}
+    assert run(cases) == alone
+    assert len({tuple(out) for out in alone.values()}) == len(cases)
