@@ -9,8 +9,10 @@ from factories.lora import make_adapter
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.engine_core import EngineCore
-from headrace.engine.messages import EngineCoreRequest, LoraCommand
+from headrace.engine.messages import EngineCoreRequest, LoraCommand, StepStats
+from headrace.metrics.engine_collector import EngineCollector
 from headrace.request import FinishReason, SamplingParams
+from headrace.router.load import sum_stats
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +36,13 @@ def test_adapter_by_name_salted_and_unloaded_under_way(core: EngineCore) -> None
         core.add_request(_request("x", "nope"))
     core.add_request(_request("base", None))
     core.add_request(_request("with-a", "a"))
+    assert core.stats().lora_requests == (("a", 0, 1),)  # (name, running, waiting)
     reqs = core.scheduler.requests
     assert reqs["base"].cache_salt == "t" and reqs["base"].lora_id == 0
     assert reqs["with-a"].cache_salt.startswith("t\x00lora:") and reqs["with-a"].lora_id > 0
     for _ in range(3):
-        core.step()
+        _, stats = core.step()
+    assert stats.lora_requests == (("a", 1, 0),)
     done = core.apply_lora(LoraCommand("c1", "a"))
     assert done.error is None
     outputs, _ = core.step()
@@ -46,6 +50,26 @@ def test_adapter_by_name_salted_and_unloaded_under_way(core: EngineCore) -> None
     assert ended["with-a"].finish_reason is FinishReason.ERROR
     assert "'a' was unloaded" in (ended["with-a"].error or "")
     assert "base" in core.scheduler.requests  # the base request goes on
+    assert core.stats().lora_requests == ()
     assert core.apply_lora(LoraCommand("c2", "a")).error == "adapter 'a' is not loaded"
     refused = core.apply_lora(LoraCommand("c3", "b", "/nowhere"))
     assert refused.error is not None and "cannot read the adapter config" in refused.error
+
+
+def test_per_adapter_counts_add_up_over_replicas_and_reach_prometheus() -> None:
+    one = StepStats(num_running=2, lora_requests=(("a", 1, 0), ("b", 0, 2)))
+    two = StepStats(num_running=1, lora_requests=(("a", 2, 1),))
+    total = sum_stats([one, two])
+    assert total.lora_requests == (("a", 3, 1), ("b", 0, 2)) and total.num_running == 3
+
+    class Engine:
+        def stats(self) -> StepStats:
+            return total
+
+    text = "".join(
+        f"{m.name}{s.labels} {s.value}\n"
+        for m in EngineCollector(lambda: {"tiny": Engine()}).collect()  # type: ignore[dict-item]
+        for s in m.samples
+    )
+    assert "headrace:lora_requests_running{'model_name': 'tiny', 'lora_name': 'a'} 3" in text
+    assert "headrace:lora_requests_waiting{'model_name': 'tiny', 'lora_name': 'b'} 2" in text

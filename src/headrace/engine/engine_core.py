@@ -13,8 +13,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import msgspec
+
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.block_manager import BlockManager
+from headrace.engine.lora_stats import lora_counts
 from headrace.engine.messages import (
     CoreReady,
     EngineCoreRequest,
@@ -141,6 +144,14 @@ class EngineCore:
             return LoraDone(cmd.command_id, str(e) if isinstance(e, ValueError) else repr(e))
         return LoraDone(cmd.command_id)
 
+    def _with_loras(self, stats: StepStats) -> StepStats:
+        loras = getattr(self.runner, "loras", None)
+        if loras is None or not loras.ids:
+            return stats
+        names = {i: name for name, i in loras.ids.items()}
+        counts = lora_counts(self.scheduler.requests.values(), names)
+        return msgspec.structs.replace(stats, lora_requests=counts)
+
     def _lora_id(self, name: str | None) -> int:
         """The runner's id of adapter `name` (0: the base); ValueError if it is not loaded."""
         if name is None:
@@ -162,7 +173,7 @@ class EngineCore:
 
     def stats(self) -> StepStats:
         """The gauges now (between steps, e.g. while idle)."""
-        return self.scheduler.stats()
+        return self._with_loras(self.scheduler.stats())
 
     def ready_message(self, served_model_name: str | None = None) -> CoreReady:
         """What the front end learns of this core once its model is loaded."""
@@ -190,7 +201,7 @@ class EngineCore:
         if not out.is_empty:
             result = execute_isolating_failures(self.runner.execute, out, self._fail_culprit)
         outputs = self._update(out, result)
-        self.last_stats = self.scheduler.stats(out, time.perf_counter() - start)
+        self.last_stats = self._with_loras(self.scheduler.stats(out, time.perf_counter() - start))
         self.last_step_scheduled = not out.is_empty
         return outputs, self.last_stats
 

@@ -75,6 +75,8 @@ class StepStats(msgspec.Struct, frozen=True):
     # Speculative decoding: draft tokens checked by the model so far, and accepted.
     spec_draft_tokens_total: int = 0
     spec_accepted_tokens_total: int = 0
+    # Per LoRA adapter with requests: (name, running, waiting), sorted by name.
+    lora_requests: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def prefix_cache_hit_rate(self) -> float:
