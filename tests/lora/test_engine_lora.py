@@ -73,3 +73,30 @@ def test_per_adapter_counts_add_up_over_replicas_and_reach_prometheus() -> None:
     )
     assert "headrace:lora_requests_running{'model_name': 'tiny', 'lora_name': 'a'} 3" in text
     assert "headrace:lora_requests_waiting{'model_name': 'tiny', 'lora_name': 'b'} 2" in text
+
+
+def test_drafts_of_an_adapter_request_are_checked_with_its_adapter(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Speculation on or off, an adapter's greedy request says the same (its draft rows run
+    through the adapter too), and drafts were in fact checked."""
+    tmp = tmp_path_factory.mktemp("lora-spec")
+    make_tiny("llama", tmp / "tiny")
+    make_adapter(tmp / "tiny", tmp / "a", seed=4)
+    model = ModelConfig(model=str(tmp / "tiny"), dtype="float32", lora=(f"a={tmp / 'a'}",))
+    prompt = prompts(1)[0][:6] * 5  # repeats: prompt lookup finds drafts
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    runs = {}
+    for k in (0, 8):
+        core = EngineCore.from_configs(
+            model, CacheConfig(block_size=4, num_kv_blocks=128),
+            SchedulerConfig(num_speculative_tokens=k),
+        )  # fmt: skip
+        core.add_request(EngineCoreRequest("r", prompt, params, lora_name="a"))
+        tokens: list[int] = []
+        while core.has_work():
+            outputs, stats = core.step()
+            tokens += [t for o in outputs for t in o.new_token_ids]
+        runs[k] = (tokens, stats.spec_draft_tokens_total)
+    assert len(runs[0][0]) == 40 and runs[8][0] == runs[0][0]
+    assert runs[8][1] > 0

@@ -54,7 +54,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def server(made: dict[str, Any]) -> Iterator[Server]:
     tmp: Path = made["dir"]
     args = serve_args(f"tiny={tmp / 'tiny'}", extra=("--num-threads", "1"))
-    args += ["--tenants", str(write_tenants(tmp, TENANTS)), "--num-speculative-tokens", "0"]
+    args += ["--tenants", str(write_tenants(tmp, TENANTS))]  # speculation on: drafts too
     for name in ADAPTERS:
         args += ["--lora", f"{name}={tmp / name}"]
     yield from serving(args, tmp)
