@@ -243,11 +243,13 @@ class Scheduler:
 
     def _admit(self, budget: int, plan: dict[str, int], preempted: set[str], now: float) -> int:
         deferred: list[Request] = []  # waiting for a prefix that a running request computes
+        lora_full = False  # an adapter waits for a turn: later adapters' requests wait behind it
         while budget > 0:
             req = self.admission.next_candidate(self.queue, now)
             if req is None or req.request_id in preempted:
                 break
-            if not self._lora_fits(req):  # its adapter waits for a turn in the batch
+            if req.lora_id and (lora_full or not self._lora_fits(req)):
+                lora_full = True  # no one overtakes it: its turn comes as adapters drain
                 self.queue.remove(req)
                 deferred.append(req)
                 continue
