@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck clean browser
+.PHONY: serve test lint typecheck clean browser postgresql
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/headrace serve $(ARGS)
 
-test: $(STAMP) browser
+test: $(STAMP) browser postgresql
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/pytest -q $(ARGS)
@@ -25,6 +25,13 @@ browser:
 	@test -x /usr/bin/chromium || { test "$$(id -u)" = 0 && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 	  echo "chromium not installed: the dashboard's browser test will skip"; }
+
+# The PostgreSQL ledger's tests start a server of Debian's `postgresql` (docs/ledger.md).
+# Installed when missing and root; otherwise those tests skip, saying why.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { test "$$(id -u)" = 0 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) || \
+	  echo "postgresql not installed: the PostgreSQL ledger's tests will skip"; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

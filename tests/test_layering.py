@@ -1,4 +1,4 @@
-"""The subpackages of `headrace` import one way: api → gateway → router → engine → loader →
+"""The subpackages of `headrace` import one way: api → ledger → gateway → router → engine → loader →
 models → layers → kernels, never back. Read from the source with `ast`, so a
 new import that closes a cycle fails here, whatever the runtime import order hides."""
 
@@ -14,8 +14,8 @@ ROOT = Path(headrace.__file__).parent
 # Each subpackage may import only those after it in this order (top-level modules — config,
 # request, paths — sit under everything and may be imported by all).
 ORDER = [
-    "commands", "bench", "api", "gateway", "router", "metrics", "engine", "lora", "loader",
-    "models", "layers", "kernels",
+    "commands", "bench", "api", "ledger", "gateway", "router", "metrics", "engine", "lora",
+    "loader", "models", "layers", "kernels",
 ]  # fmt: skip
 
 

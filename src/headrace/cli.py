@@ -17,6 +17,7 @@ COMMANDS = {
     "export": "write the converted model as a Hugging Face directory",
     "bench": "load-test an OpenAI-compatible server",
     "plan": "size a replica pool from measured throughput",
+    "usage": "export the usage ledger for billing (csv or jsonl)",
     "ray-down": "remove the Ray replicas that front ends share (--ray-namespace)",
 }
 

@@ -77,7 +77,13 @@ class ModelConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = _f(16, "tokens per KV-cache block")
-    kv_cache_memory_gb: float = _f(1.0, "memory for the paged KV cache, GiB")
+    kv_cache_memory_gb: float | None = _f(
+        None, "memory for the paged KV cache, GiB (default: 1 on the CPU; on CUDA what "
+        "--gpu-memory-utilization leaves once the weights are in)",
+    )  # fmt: skip
+    gpu_memory_utilization: float = _f(
+        0.9, "CUDA: share of the device's memory this server may fill (weights, KV, work)"
+    )
     num_kv_blocks: int | None = _f(None, "exact number of KV blocks (overrides the memory budget)")
     enable_prefix_caching: bool = _f(
         True, "reuse the KV blocks of a prompt prefix seen before (within one tenant's salt)"
@@ -86,10 +92,16 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError("block_size must be positive")
-        if self.kv_cache_memory_gb <= 0:
+        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
             raise ValueError("kv_cache_memory_gb must be positive")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be positive")
+
+
+CPU_MAX_NUM_SEQS = 64  # past it a 2-core step grows longer than streams tolerate
+CUDA_MAX_NUM_SEQS = 256  # as vLLM: a GPU step costs about the same up to hundreds of rows
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,10 @@ class SchedulerConfig:
     burst_batched_tokens: int | None = _f(
         None, "token budget a step grows to while prompts back up (default: no growth)"
     )
-    max_num_seqs: int = _f(64, "most requests running at once")
+    max_num_seqs: int | None = _f(
+        None, f"most requests running at once (default: {CPU_MAX_NUM_SEQS} on the CPU, "
+        f"{CUDA_MAX_NUM_SEQS} on CUDA)",
+    )  # fmt: skip
     num_speculative_tokens: int = _f(
         8, "draft tokens a greedy request checks per step, found by prompt lookup (0: off)"
     )
@@ -109,8 +124,20 @@ class SchedulerConfig:
     max_preemptions: int = _f(8, "preemptions of one request for priority, at most (anti-thrash)")
     max_loras: int = _f(4, "most LoRA adapters in one step; requests of more wait their turn")
 
+    @property
+    def seqs_limit(self) -> int:
+        """max_num_seqs, the CPU's default when unset (`for_device` sets a device's)."""
+        return CPU_MAX_NUM_SEQS if self.max_num_seqs is None else self.max_num_seqs
+
+    def for_device(self, device_type: str) -> SchedulerConfig:
+        """This config with max_num_seqs set: the user's, else the device's default."""
+        if self.max_num_seqs is not None:
+            return self
+        seqs = CUDA_MAX_NUM_SEQS if device_type == "cuda" else CPU_MAX_NUM_SEQS
+        return dataclasses.replace(self, max_num_seqs=seqs)
+
     def __post_init__(self) -> None:
-        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+        if self.max_num_batched_tokens < 1 or (self.max_num_seqs or 1) < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
         if self.burst_batched_tokens is not None and self.burst_batched_tokens < 1:
             raise ValueError("burst_batched_tokens must be positive")
@@ -326,6 +353,27 @@ class AutoscaleConfig:
 
 
 @dataclass(frozen=True)
+class LedgerConfig:
+    ledger: str | None = _f(
+        None, "usage and audit ledger: an SQLite file (default: ledger.db in the state "
+        "directory, $HEADRACE_STATE) or a postgresql:// URL; off, or --no-ledger: none "
+        "(docs/ledger.md)",
+    )  # fmt: skip
+    ledger_flush_s: float = _f(1.0, "the ledger's records are written in batches this often, s")
+    ledger_max_pending: int = _f(
+        100_000, "records held in memory while the ledger cannot be written; more are dropped"
+    )
+
+    def __post_init__(self) -> None:
+        if self.ledger_flush_s <= 0 or self.ledger_max_pending < 1:
+            raise ValueError("ledger_flush_s and ledger_max_pending must be positive")
+
+    @property
+    def enabled(self) -> bool:
+        return self.ledger != "off"
+
+
+@dataclass(frozen=True)
 class HeadraceConfig:
     """Every subsystem's settings in one value: built once from the command line and passed
     down whole (the deployment takes what it needs from it)."""
@@ -337,6 +385,7 @@ class HeadraceConfig:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HeadraceConfig:
@@ -344,7 +393,7 @@ class HeadraceConfig:
             config_from_args(ModelConfig, args), config_from_args(CacheConfig, args),
             config_from_args(SchedulerConfig, args), config_from_args(ServerConfig, args),
             config_from_args(GatewayConfig, args), config_from_args(RouterConfig, args),
-            config_from_args(AutoscaleConfig, args),
+            config_from_args(AutoscaleConfig, args), config_from_args(LedgerConfig, args),
         )  # fmt: skip
 
 

@@ -253,6 +253,9 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     draft_window: int | None = None  # drafts its next speculative step may carry (speculation)
+    num_recomputed_tokens: int = 0  # KV entries preemptions threw away (computed again)
+    num_draft_tokens: int = 0  # speculative tokens proposed for it, in all
+    num_accepted_tokens: int = 0  # ... and accepted
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -26,6 +26,7 @@ from headrace.config import ServerConfig
 from headrace.engine.client import EngineClient
 from headrace.gateway.base import Gateway, OpenGateway
 from headrace.gateway.setup import connect_gateway
+from headrace.ledger.writer import Ledger
 from headrace.router.metrics import RouterMetrics
 
 T = TypeVar("T")
@@ -43,11 +44,12 @@ def make_app(
     engines: EngineClient | Mapping[str, EngineClient],
     gateway: Gateway | None = None,
     config: ServerConfig | None = None,
+    ledger: Ledger | None = None,
 ) -> FastAPI:
     """The app as `headrace serve` builds it; a lone engine is served as model `m`."""
     if not isinstance(engines, Mapping):
         engines = {"m": engines}
-    app = build_app(engines, gateway or OpenGateway(), config or ServerConfig())
+    app = build_app(engines, gateway or OpenGateway(), config or ServerConfig(), ledger=ledger)
     state = app.state.headrace
     connect_gateway(state.gateway, lambda: state.engines, state.metrics)
     state.metrics.add_collector(RouterMetrics(lambda: state.engines))

@@ -26,7 +26,7 @@ EXAMPLES = 15
 EVERY_ROUTE = {
     "POST /v1/generate", "POST /v1/completions", "POST /v1/chat/completions",
     "GET /v1/models", "GET /health", "GET /v1/stats", "POST /v1/replica/generate",
-    "POST /v1/replica/abort", "GET /v1/replica/tokenizer",
+    "POST /v1/replica/abort", "GET /v1/replica/tokenizer", "GET /v1/usage", "GET /v1/audit",
 }  # fmt: skip
 
 

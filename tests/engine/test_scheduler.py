@@ -92,6 +92,8 @@ def test_preemption_recomputes_and_every_request_finishes_unchanged(
     engine.run()
     assert engine.stats[-1].num_preemptions_total > 0
     assert all(o.finish_reason is FinishReason.LENGTH for o in engine.finished.values())
+    # each request's final output says what its preemptions threw away (the usage ledger's)
+    assert sum(o.num_recomputed_tokens for o in engine.finished.values()) >= 8
     _assert_solo_outputs(engine, specs, fake_reference)
     assert engine.core.block_manager.num_used_blocks == 0
 

@@ -120,6 +120,9 @@ def test_speculative_steps_give_plain_greedys_tokens_in_fewer_steps() -> None:
         core.run()
         sched = core.core.scheduler
         runs[k] = (core.tokens["r"], len(core.runner.steps), sched.spec_accepted_total)
+        done = core.finished["r"]  # the request's own counts, as the usage ledger gets them
+        assert done.num_accepted_tokens == sched.spec_accepted_total
+        assert done.num_draft_tokens == sched.spec_drafted_total >= done.num_accepted_tokens
         assert core.core.block_manager.num_free_blocks == core.core.block_manager.num_blocks
     assert runs[0][0] == runs[4][0] == looping_reference(prompt, 40, 3, breaks)
     assert runs[0][2] == 0

@@ -74,6 +74,14 @@ def front(
         yield s
 
 
+def wait_idle(url: str, model: str) -> None:
+    """Until the router sees no load on any replica of `model` (reports arrive after work)."""
+    deadline = time.monotonic() + 10
+    while any(r["load_tokens"] for r in replicas(url, model)):
+        assert time.monotonic() < deadline, replicas(url, model)
+        time.sleep(0.02)
+
+
 def complete(url: str, model: str, text: str, *, stream: bool = False) -> str:
     body = {"model": model, "prompt": text, "max_tokens": MAX_TOKENS, "temperature": 0,
             "ignore_eos": True, "stream": stream}  # fmt: skip
@@ -115,6 +123,7 @@ def test_front_end_routes_to_local_and_remote_replicas(
     assert [r["name"] for r in health["replicas"]["beta"]] == ["beta/remote-0"]
     before = routed(front.url, "alpha")
     for i, text in enumerate(PROMPTS * 2):  # one after another: idle replicas take turns
+        wait_idle(front.url, "alpha")  # a polled remote's last report can still show the last
         got = complete(front.url, "alpha", text, stream=i % 2 == 1)
         assert got == reference["alpha"][i % len(PROMPTS)]
     after = routed(front.url, "alpha")

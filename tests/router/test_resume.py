@@ -108,6 +108,7 @@ def test_a_resumed_stream_equals_an_undisturbed_run(seed: int | None) -> None:
     assert last.finish_reason is FinishReason.LENGTH
     assert (last.prompt_tokens, last.completion_tokens) == (len(PROMPT), 10)
     assert last.queue_time == 0.5  # the caller's wait was the first replica's
+    assert last.resumed and not reference[-1].resumed  # the usage ledger records it
     assert router.resumes == 1 and router.retries == 0
     (prompt, resumed), sent = other.requests[0], tokens_of(chunks)[:4]
     assert prompt == PROMPT + sent and resumed.max_tokens == 6

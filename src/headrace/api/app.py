@@ -18,7 +18,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
-from headrace.api import admin, chat, dashboard, generate, lora_admin, openai, replica_api
+from headrace.api import (
+    admin,
+    chat,
+    dashboard,
+    generate,
+    lora_admin,
+    openai,
+    replica_api,
+    usage,
+)
 from headrace.api.arrival import ArrivalClock
 from headrace.api.early_refusal import EarlyRefusal
 from headrace.api.errors import install_error_handlers
@@ -29,6 +38,8 @@ from headrace.config import ServerConfig
 from headrace.engine.client import EngineClient
 from headrace.gateway.access import Scope
 from headrace.gateway.base import Gateway
+from headrace.ledger.collector import LedgerMetrics
+from headrace.ledger.writer import Ledger
 from headrace.metrics.prometheus import Metrics
 
 log = logging.getLogger("headrace.api")
@@ -43,10 +54,14 @@ def build_app(
     *,
     loader: EngineLoader | None = None,
     metrics: Metrics | None = None,
+    ledger: Ledger | None = None,
 ) -> FastAPI:
-    """The HTTP front end over `engines`; engines from `loader` are the app's to close."""
-    state = AppState(dict(engines), gateway, config, metrics or Metrics())
+    """The HTTP front end over `engines`; engines from `loader` are the app's to close, and
+    so is `ledger` (flushed and closed when the app stops)."""
+    state = AppState(dict(engines), gateway, config, metrics or Metrics(), ledger=ledger)
     state.metrics.watch_engines(lambda: state.engines)
+    if ledger is not None:
+        state.metrics.add_collector(LedgerMetrics(ledger))
     app = FastAPI(
         title="Headrace", version="0.1.0", lifespan=_lifespan(state, loader),
         # Swagger UI and ReDoc load their scripts from a CDN: not served at all.
@@ -61,6 +76,7 @@ def build_app(
     app.include_router(dashboard.router)  # /dashboard, its files and the data it polls
     app.include_router(admin.router)  # /admin/reload
     app.include_router(lora_admin.router)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
+    app.include_router(usage.router)  # /v1/usage, /v1/audit
     app.add_api_route(
         "/health", health, methods=["GET"], responses={503: {"description": "not ready"}}
     )
@@ -132,6 +148,8 @@ def _lifespan(
                 task.cancel()
                 loaded = await asyncio.gather(task, return_exceptions=True)
                 await _close_all(loaded[0] if isinstance(loaded[0], dict) else {})
+            if state.ledger is not None:  # after the requests: their records are in
+                await asyncio.to_thread(state.ledger.close)
 
     return lifespan
 

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from headrace.api.admit import admit
 from headrace.api.choices import Choices
 from headrace.api.logprobs import chat_logprobs
 from headrace.api.prompts import encode_chat
@@ -17,7 +18,7 @@ from headrace.api.schemas import (
     error_responses,
     streaming_response,
 )
-from headrace.api.serving import admit, run_to_end, start_stream, stream_run
+from headrace.api.serving import run_to_end, start_stream, stream_run
 from headrace.api.sse import SSEResponse, encode_event
 from headrace.api.state import app_state
 from headrace.engine.client import EngineClient, GenerationChunk

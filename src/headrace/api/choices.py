@@ -15,6 +15,7 @@ import dataclasses
 
 from headrace.api.serving import Job, RequestRun
 from headrace.api.state import AppState
+from headrace.api.usage_record import record_usage
 from headrace.engine.client import GenerationChunk
 from headrace.metrics.timing import RequestTimer
 
@@ -104,3 +105,4 @@ class Choices:
             self.state.gateway.release(self.job.admission, used, self.runs[0].reason)
             for i, run in enumerate(self.runs):
                 run.record(run.prompt_tokens if i == 0 else 0)
+            record_usage(self.state, self.runs, self.n)

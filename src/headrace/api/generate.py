@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from headrace.api.admit import admit
 from headrace.api.prompts import encode_text
 from headrace.api.schemas import (
     GenerateRequest,
@@ -20,7 +21,7 @@ from headrace.api.schemas import (
     error_responses,
     streaming_response,
 )
-from headrace.api.serving import RequestRun, admit, run_to_end, start_stream, stream_run
+from headrace.api.serving import RequestRun, run_to_end, start_stream, stream_run
 from headrace.api.sse import SSEResponse, encode_event
 from headrace.api.state import app_state
 from headrace.engine.client import EngineClient, GenerationChunk

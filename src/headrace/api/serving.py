@@ -1,33 +1,28 @@
 """The path every generation route shares: admit a request, run it on its engine, settle up.
 
-`admit` does the cheap checks first (key, model, tenant limits), then tokenizes and checks the
-context, then asks the gateway to admit. `RequestRun` iterates the engine's chunks and, in
-`close()` — always called, in a `finally` — aborts the engine request if it has not finished,
-hands the tokens back to the gateway and records the metrics.
+`admit` (api/admit.py) makes a `Job` of a request that passed every check. `RequestRun`
+iterates the engine's chunks and, in `close()` — always called, in a `finally` — aborts the
+engine request if it has not finished, hands the tokens back to the gateway and records the
+metrics and the ledger's record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from fastapi import Request
 
-from headrace.api.arrival import arrival_time
 from headrace.api.errors import APIError, bad_request
-from headrace.api.logits_fields import processor_params
 from headrace.api.request_trace import traced
-from headrace.api.schemas import SamplingFields
 from headrace.api.sse import DONE, error_event, wait_for_disconnect
 from headrace.api.state import AppState
-from headrace.api.structured import grammar_for
+from headrace.api.usage_record import record_usage
 from headrace.engine.client import EngineClient, GenerateOptions, GenerationChunk
-from headrace.engine.limits import DoesNotFit, check_fits
-from headrace.engine.tokenizer import Tokenizer
+from headrace.engine.limits import DoesNotFit
 from headrace.gateway.base import Admission
 from headrace.metrics.timing import RequestTimer
 from headrace.request import FinishReason, SamplingParams
@@ -49,71 +44,8 @@ class Job:
     admission: Admission
     timer: RequestTimer
     traceparent: str | None = None  # the caller's trace context, for the request's span
-
-
-def new_request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def sampling_params(
-    body: SamplingFields,
-    max_tokens: int,
-    logprobs: int | None,
-    tokenizer: Tokenizer,
-    grammar: str | None = None,
-) -> SamplingParams:
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    processors = processor_params(body, tokenizer, max_tokens)
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-            top_k=max(body.top_k, 0), seed=body.seed, stop=stop, ignore_eos=body.ignore_eos,
-            logprobs=logprobs, stop_token_ids=tuple(body.stop_token_ids or ()), grammar=grammar,
-            **processors,
-        )  # fmt: skip
-    except ValueError as e:
-        raise bad_request(str(e)) from e
-
-
-async def admit(
-    state: AppState,
-    request: Request,
-    body: SamplingFields,
-    encode: Callable[[EngineClient], Awaitable[list[int]]],
-    *,
-    max_tokens: int | None,
-    logprobs: int | None = None,
-    id_prefix: str = "gen",
-    n: int = 1,
-) -> Job:
-    """All the checks, cheapest first; `encode` tokenizes the prompt for the chosen engine.
-    `n` choices are admitted as one request whose output may be `n` times `max_tokens`."""
-    tenant = state.gateway.authenticate(request.headers)
-    target = state.target(body.model, tenant)
-    model, engine = target.model, target.engine
-    state.gateway.check(tenant, target.base)
-    ids = await encode(engine)
-    if max_tokens is None:  # chat without a limit: the rest of the context
-        max_tokens = max(engine.max_model_len - len(ids), 1)
-    try:
-        check_fits(len(ids), max_tokens, engine.max_model_len)
-    except DoesNotFit as e:
-        raise bad_request(str(e), e.param) from e
-    eos_banned_for = 0 if body.ignore_eos else body.min_tokens or 0
-    grammar = await grammar_for(body, state.grammars, eos_banned_for)
-    params = sampling_params(body, max_tokens, logprobs, engine.tokenizer, grammar)
-    admission = state.gateway.admit(tenant, len(ids), n * max_tokens, target.base)
-    arrival = arrival_time(request.scope)
-    options = GenerateOptions(
-        priority=tenant.priority, tenant=tenant.name, weight=tenant.weight,
-        timeout_s=body.timeout or state.config.request_timeout_s,
-        queue_timeout_s=tenant.queue_timeout_s, arrival_time=arrival,
-        cache_salt=tenant.cache_salt, lora=target.lora,
-    )  # fmt: skip
-    rid = new_request_id(id_prefix)
-    timer = RequestTimer(start=arrival)
-    traceparent = request.headers.get("traceparent")
-    return Job(rid, model, engine, ids, params, options, admission, timer, traceparent)
+    key_id: str | None = None  # the caller's key, as the ledger names it
+    route: str = ""
 
 
 def engine_failure(e: Exception, request_id: str) -> APIError:
@@ -156,6 +88,8 @@ class RequestRun:
         self.cached_tokens = 0
         self.finish_reason: FinishReason | None = None
         self.replica: str | None = None
+        self.last: GenerationChunk | None = None  # the engine's counts, for the ledger
+        self.http_status: int | None = None  # the engine's failure as an HTTP error, if any
         self.closed = False
 
     def usage(self) -> dict[str, object]:
@@ -175,12 +109,17 @@ class RequestRun:
             raise StopAsyncIteration
         try:
             chunk = await anext(self.chunks)
-        except (APIError, asyncio.CancelledError):
+        except APIError as e:
+            self.http_status = e.status
+            raise
+        except asyncio.CancelledError:
             raise
         except Exception as e:
             self.finish_reason = FinishReason.ERROR
-            raise engine_failure(e, self.job.request_id) from e
-        return self._record(chunk)
+            error = engine_failure(e, self.job.request_id)
+            self.http_status = error.status
+            raise error from e
+        return self._record(chunk)  # an ERROR or OVERLOADED chunk raises its 502 or 503
 
     def _record(self, chunk: GenerationChunk) -> GenerationChunk:
         job = self.job
@@ -192,6 +131,7 @@ class RequestRun:
         self.completion_tokens = max(self.completion_tokens, chunk.completion_tokens)
         self.cached_tokens = chunk.cached_tokens or self.cached_tokens
         self.replica = chunk.replica or self.replica
+        self.last = chunk
         self.finish_reason = chunk.finish_reason
         if chunk.finish_reason is FinishReason.ERROR:  # the engine (a replica) failed: upstream
             raise APIError(
@@ -221,6 +161,7 @@ class RequestRun:
                 used = self.prompt_tokens + self.completion_tokens
                 self.state.gateway.release(job.admission, used, self.reason)
                 self.record(self.prompt_tokens)
+                record_usage(self.state, [self])
 
     @property
     def reason(self) -> str:

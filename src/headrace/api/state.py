@@ -16,6 +16,7 @@ from headrace.config import ServerConfig
 from headrace.engine.client import EngineClient
 from headrace.gateway.base import Gateway, Tenant
 from headrace.gateway.reload import GatewayReloader
+from headrace.ledger.writer import Ledger
 from headrace.metrics.prometheus import Metrics
 
 
@@ -32,6 +33,7 @@ class AppState:
     grammars: GrammarCache = field(default_factory=grammar_cache)  # compiled, by source
     adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapter -> its base model
     lora_busy: set[str] = field(default_factory=set)  # adapters being loaded or unloaded
+    ledger: Ledger | None = None  # usage and audit records (--no-ledger: None)
 
     def target(self, model: str | None, tenant: Tenant) -> Target:
         """What `model` names for `tenant`: a base model, or a LoRA adapter it may use (on its

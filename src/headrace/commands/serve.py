@@ -27,6 +27,7 @@ from typing import Any
 import uvicorn
 
 from headrace.api.app import build_app, front_door
+from headrace.api.audit import audit_reload
 from headrace.api.http_parsers import uvicorn_options
 from headrace.api.http_protocol import FrontDoorLimits, fit_fd_limit
 from headrace.api.state import AppState
@@ -35,6 +36,7 @@ from headrace.config import (
     CacheConfig,
     GatewayConfig,
     HeadraceConfig,
+    LedgerConfig,
     ModelConfig,
     RouterConfig,
     SchedulerConfig,
@@ -42,8 +44,9 @@ from headrace.config import (
     add_config_args,
 )
 from headrace.gateway.base import Gateway, OpenGateway
-from headrace.gateway.reload import GatewayReloader
+from headrace.gateway.reload import GatewayReloader, ReloadResult
 from headrace.gateway.setup import connect_gateway, setup_gateway
+from headrace.ledger.setup import open_ledger
 from headrace.lora.adapter import check_name
 from headrace.metrics.tracing import otlp_tracer
 from headrace.router.deploy import ModelSpec, parse_model_specs, start_deployment
@@ -66,8 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         GatewayConfig,
         RouterConfig,
         AutoscaleConfig,
+        LedgerConfig,
     ):
         add_config_args(parser, cls)
+    parser.add_argument(
+        "--no-ledger", dest="ledger", action="store_const", const="off",
+        help="keep no usage ledger or audit log (the same as --ledger off)",
+    )  # fmt: skip
     parser.add_argument(
         "--replica-url", action="append", default=[], metavar="URL",
         help="another `headrace serve` to route to as well, as a replica of each model it "
@@ -142,7 +150,12 @@ def serve(
         )  # fmt: skip
         return engines
 
-    app = build_app({}, gateway or OpenGateway(), server_cfg, loader=load)
+    try:
+        ledger = open_ledger(config.ledger)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    app = build_app({}, gateway or OpenGateway(), server_cfg, loader=load, ledger=ledger)
     state = app.state.headrace
     state.reloader = reloader
     state.adapters = {lora: specs[0].name for lora in model_cfg.lora_paths}
@@ -168,6 +181,8 @@ def serve(
     try:
         server.run()
     finally:
+        if ledger is not None:
+            ledger.close()  # done already when the app stopped cleanly
         if state.metrics.tracer is not None:
             state.metrics.tracer.close()  # the spans still batched go out
     if "error" in outcome:
@@ -247,8 +262,10 @@ class _Server(uvicorn.Server):
         reloader = self.app_state.reloader
         if reloader is None:
             log.warning("SIGHUP: nothing to reload (no gateway settings were given)")
+            audit_reload(self.app_state, None, "SIGHUP", ReloadResult(409, "nothing to reload"))
             return
-        reloader.reload()  # logs what it did, or why it refused
+        result = reloader.reload()  # logs what it did, or why it refused
+        audit_reload(self.app_state, None, "SIGHUP", result)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         try:

@@ -32,6 +32,10 @@ class GenerationChunk:
     cached_tokens: int = 0  # prompt tokens found in the prefix cache (set once started)
     index: int = 0  # which of the request's `n` choices (set by the API, which fans out)
     replica: str | None = None  # who serves it: set by a router on the first chunk (traces)
+    recomputed_tokens: int = 0  # the engine's counts so far (the usage ledger): KV entries
+    draft_tokens: int = 0  # preemptions threw away, speculative tokens proposed
+    accepted_tokens: int = 0  # and accepted
+    resumed: bool = False  # a router resumed it on another replica after a failure
 
     @property
     def finished(self) -> bool:

@@ -92,7 +92,8 @@ class EngineCore:
 
         runner = ModelRunner(model_config, cache_config)
         caching = cache_config.enable_prefix_caching
-        return cls(scheduler_config, runner, queue, enable_prefix_caching=caching)
+        sched = scheduler_config.for_device(runner.device.type)
+        return cls(sched, runner, queue, enable_prefix_caching=caching)
 
     @property
     def max_model_len(self) -> int:

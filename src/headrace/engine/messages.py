@@ -41,6 +41,9 @@ class RequestOutput(msgspec.Struct, frozen=True, array_like=True):
     error: str | None = None  # set with finish_reason ERROR
     queue_time: float | None = None  # arrival -> first scheduled, seconds (set once started)
     num_cached_tokens: int = 0  # prompt tokens the prefix cache held when first scheduled
+    num_recomputed_tokens: int = 0  # KV entries preemptions threw away, so far (the ledger)
+    num_draft_tokens: int = 0  # speculative tokens proposed, so far
+    num_accepted_tokens: int = 0  # ... and accepted
 
     @property
     def finished(self) -> bool:

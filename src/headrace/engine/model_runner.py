@@ -13,6 +13,7 @@ import torch
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.determinism import choose_matmuls
 from headrace.engine.head_picks import pick_tokens
+from headrace.engine.kv_budget import kv_budget_gib
 from headrace.engine.kv_cache import KVCache, blocks_for_budget
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
@@ -149,7 +150,7 @@ class ModelRunner:
         self._head_pool.shutdown(wait=False)
         self.block_size = cache_config.block_size
         self.num_kv_blocks = cache_config.num_kv_blocks or blocks_for_budget(
-            model.args, self.block_size, self.dtype, cache_config.kv_cache_memory_gb
+            model.args, self.block_size, self.dtype, kv_budget_gib(cache_config, self.device)
         )
         # The model's own; the front end adds its tokenizer's (chat turn ends) per request.
         eos = model.args.eos_token_ids + extra_eos

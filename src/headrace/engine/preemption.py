@@ -52,6 +52,6 @@ def victims_to_admit(
         need_blocks=blocks.blocks_needed(req.request_id, req.num_computed_tokens + n),
         free_blocks=blocks.num_free_blocks,
         blocks_of=lambda r: blocks.num_freeable(r.request_id),
-        max_num_seqs=config.max_num_seqs,
+        max_num_seqs=config.seqs_limit,
         max_preemptions=config.max_preemptions,
     )

@@ -38,4 +38,7 @@ def request_output(
         error=error,
         queue_time=None if started is None else started - req.arrival_time,
         num_cached_tokens=req.num_cached_tokens,
+        num_recomputed_tokens=req.num_recomputed_tokens,
+        num_draft_tokens=req.num_draft_tokens,
+        num_accepted_tokens=req.num_accepted_tokens,
     )

@@ -20,6 +20,7 @@ import torch
 from headrace.engine.logits_processors import apply_processors
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.top_p import top_p_sets
 from headrace.kernels.argmax import argmax_rows
 from headrace.request import GREEDY_BELOW_TEMPERATURE
 
@@ -97,22 +98,37 @@ class Sampler:
         x = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
         x = _min_p(x, [r.params.min_p for r in reqs])
         x = _top_k(x, [r.params.top_k for r in reqs])
-        x = _top_p(x, [r.params.top_p for r in reqs])
-        probs = torch.softmax(x, dim=-1)  # [R, V]
-        cdf = probs.cumsum(dim=-1)
+        sets = top_p_sets(x, [r.params.top_p for r in reqs])
         offsets = ahead if ahead is not None else [0] * len(reqs)
         uniforms = [self._uniform(r, k) for r, k in zip(reqs, offsets, strict=True)]
-        u = torch.tensor(uniforms, device=device, dtype=cdf.dtype)
-        target = (u * cdf[:, -1])[:, None]  # [R, 1]
-        idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first cdf > target: p > 0
-        # Rounding can push the target to the very end; fall back to the likeliest token.
-        return torch.where(idx >= probs.shape[1], argmax_rows(probs), idx)
+        u = torch.tensor(uniforms, device=device, dtype=torch.float32)
+        if sets is None:
+            return _inverse_cdf(x, u)
+        tokens = torch.empty(len(reqs), dtype=torch.int64, device=device)
+        rows = torch.tensor(sets.rows, device=device)
+        picks = _inverse_cdf(sets.logits, u[rows])  # a top_p row: from its set alone
+        tokens[rows] = sets.ids.gather(1, picks[:, None]).squeeze(1)
+        if len(sets.rows) < len(reqs):
+            rest = torch.tensor(sorted(set(range(len(reqs))) - set(sets.rows)), device=device)
+            tokens[rest] = _inverse_cdf(x.index_select(0, rest), u[rest])
+        return tokens
 
     def _uniform(self, req: ScheduledRequest, ahead: int = 0) -> float:
         if req.params.seed is None:
             return self._rng.random()
         step = req.params.seed_offset + req.num_output_tokens + ahead
         return seeded_uniform(req.params.seed, step)
+
+
+def _inverse_cdf(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """x [R, W] logits (-inf: not allowed), u [R] in [0, 1) -> [R] column of each row's draw:
+    the first whose cumulative probability, in column order, exceeds u."""
+    probs = torch.softmax(x, dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]  # [R, 1]
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first cdf > target: p > 0
+    # Rounding can push the target to the very end; fall back to the likeliest token.
+    return torch.where(idx >= probs.shape[1], argmax_rows(probs), idx)
 
 
 def _min_p(x: torch.Tensor, ps: list[float]) -> torch.Tensor:
@@ -141,24 +157,6 @@ def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:
     kth = top.gather(1, k_idx.to(x.device)[:, None])  # [R, 1]
     active = torch.tensor([0 < k < vocab for k in ks], device=x.device)[:, None]
     return x.masked_fill(active & (x < kth), float("-inf"))
-
-
-def _top_p(x: torch.Tensor, ps: list[float]) -> torch.Tensor:
-    """Keep each row's smallest set of likeliest tokens whose mass reaches p (at least one)."""
-    rows = [i for i, p in enumerate(ps) if p < 1.0]
-    if not rows:
-        return x
-    x = x.clone()
-    sub = x[rows]  # [R', V]
-    sorted_x, order = sub.sort(dim=-1, descending=True)
-    probs = torch.softmax(sorted_x, dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # exclusive cumulative mass
-    p = torch.tensor([ps[i] for i in rows], device=x.device, dtype=probs.dtype)[:, None]
-    drop_sorted = mass_before >= p
-    drop_sorted[:, 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
-    x[rows] = sub.masked_fill(drop, float("-inf"))
-    return x
 
 
 def _logprobs(

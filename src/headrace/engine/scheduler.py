@@ -177,6 +177,8 @@ class Scheduler:
             kept = max(0, len(new) - 1)
             self.spec_drafted_total += len(drafts)
             self.spec_accepted_total += kept
+            req.num_draft_tokens += len(drafts)
+            req.num_accepted_tokens += kept
             window = req.draft_window or self.proposer.num_tokens
             req.draft_window = next_window(window, len(drafts), kept, self.proposer.num_tokens)
             self.blocks.trim(req.request_id, req.num_computed_tokens)
@@ -310,7 +312,7 @@ class Scheduler:
         req.num_computed_tokens = 0
 
     def _room_for(self, req: Request, n: int) -> bool:
-        if len(self.running) >= self.config.max_num_seqs:
+        if len(self.running) >= self.config.seqs_limit:
             return False
         need = self.blocks.blocks_needed(req.request_id, req.num_computed_tokens + n)
         reserve = int(self.blocks.num_blocks * _WATERMARK) if self.running else 0
@@ -335,6 +337,7 @@ class Scheduler:
         """Free the victim's blocks and send it back to wait; returns the budget it held."""
         self.running.remove(victim)
         self.blocks.free(victim.request_id)
+        victim.num_recomputed_tokens += victim.num_computed_tokens
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED
         victim.num_preemptions += 1

@@ -32,12 +32,14 @@ class RequestTextStream:
         self.num_output_tokens = 0
         self.queue_time: float | None = None
         self.cached_tokens = 0
+        self.counts = (0, 0, 0)  # recomputed, draft, accepted tokens (the engine's, so far)
 
     def process(self, out: RequestOutput) -> GenerationChunk | None:
         """The chunk for one core output; None once the stream has finished."""
         if self.finished:
             return None
         self.num_output_tokens += len(out.new_token_ids)
+        self.counts = (out.num_recomputed_tokens, out.num_draft_tokens, out.num_accepted_tokens)
         if out.queue_time is not None:
             self.queue_time = out.queue_time
             self.cached_tokens = out.num_cached_tokens
@@ -62,6 +64,9 @@ class RequestTextStream:
             error=out.error,
             queue_time=self.queue_time,
             cached_tokens=self.cached_tokens,
+            recomputed_tokens=self.counts[0],
+            draft_tokens=self.counts[1],
+            accepted_tokens=self.counts[2],
         )
 
     def fail(self, error: str, reason: FinishReason = FinishReason.ERROR) -> GenerationChunk:

@@ -101,6 +101,9 @@ async def start_deployment(
 
         await connect(router_cfg.ray_address, router_cfg.ray_namespace)
         threads = model_cfg.num_threads or 1
+    if router_cfg.ray_address is None and total > 1:  # on CUDA they share one device
+        share = cache_cfg.gpu_memory_utilization / total
+        cache_cfg = dataclasses.replace(cache_cfg, gpu_memory_utilization=share)
     plans: list[tuple[str, str, str, Starter]] = []  # model, replica name, pool, starter
     starters: dict[str, Starter] = {}
     for spec in specs:

@@ -112,6 +112,7 @@ class ResumableStream:
             completion_tokens=len(self.sent_ids),
             queue_time=self._first.queue_time,
             cached_tokens=self._first.cached_tokens,
+            resumed=True,
         )
 
     def _held_text(self) -> str:

@@ -88,6 +88,9 @@ def chunk_from_json(data: dict[str, Any]) -> GenerationChunk:
         error=data.get("error"),
         queue_time=data.get("queue_time"),
         cached_tokens=int(data.get("cached_tokens", 0)),
+        recomputed_tokens=int(data.get("recomputed_tokens", 0)),
+        draft_tokens=int(data.get("draft_tokens", 0)),
+        accepted_tokens=int(data.get("accepted_tokens", 0)),
     )
 
 

@@ -1,0 +1,160 @@
+"""The GPU check of issue #33 in one run: where a decode step stands against the device's
+bandwidth floor, for the embedded model's shape (Gemma 3 270M) and a Llama-3-8B shape, both with
+random bf16 weights built on the device. Prints and writes JSON.
+
+    python bench/gpu/device_bench.py --out $OUT/h200.json     # on the GPU: bench/gpu/run.sh
+    .venv/bin/python bench/gpu/device_bench.py --device cpu --quick  # tiny, on the CPU here
+
+For each shape and batch size (1 ... 256 streams of ~`--context` tokens):
+  * `step_ms`: one decode step of the runner as the engine calls it (inputs built, model,
+    head, greedy pick), synchronized, median of `--steps`; tokens/s = batch / step;
+  * `floor_ms`: (weight bytes + KV bytes the step must read) / `--bandwidth` (4.3 TB/s: the
+    H200's measured ceiling in the device notes); `over_floor` = step / floor;
+  * `busy`: summed device kernel time over the step's wall time (torch.profiler), at the
+    smallest and the largest batch: how much of a step the host leaves the device idle.
+Then the engine as served (continuous batching, scheduler and all, no HTTP) on the small shape:
+output tokens/s and TPOT with 1 / 16 / 64 / 256 requests of 64 tokens at once, and the join
+probe: a short request added beside 64 running streams, its wait to a first token against its
+own prefill alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from engine_probe import engine_rates  # noqa: E402  (beside this script)
+from random_model import kv_bytes_per_token, random_runner, weight_bytes  # noqa: E402
+
+from headrace.engine.runner_harness import RunnerHarness  # noqa: E402
+from headrace.request import SamplingParams  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes and batches (CPU check)")
+    ap.add_argument("--context", type=int, default=384)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s of device memory")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    plans = [("gemma3-270m", [1, 2, 4, 8, 16, 32, 64, 128, 256]), ("llama3-8b", [1, 8, 64])]
+    if args.quick:
+        plans = [("gemma3-270m", [1, 4]), ("llama3-8b", [1, 2])]
+        args.context, args.steps = 48, 2
+    report: dict[str, Any] = {"device": _device_name(device), "torch": torch.__version__}
+    report["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    streams = [1, 4] if args.quick else [1, 16, 64, 256]
+    parts = [
+        (name, lambda n=name, b=batches: _shape(n, b, device, args)) for name, batches in plans
+    ]
+    parts.append(
+        ("engine_gemma3-270m", lambda: engine_rates("gemma3-270m", device, streams, args.quick))
+    )
+    for key, part in parts:
+        try:  # a part that breaks on a new machine must not cost the others' figures
+            report[key] = part()
+        except Exception as e:  # noqa: BLE001
+            report[key] = {"error": repr(e)}
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        _write(report, args.out)  # after each part: a run cut short keeps what it measured
+    print(json.dumps(report, indent=1))
+
+
+def _write(report: dict[str, Any], out: str) -> None:
+    if out:
+        Path(out).write_text(json.dumps(report, indent=1))
+
+
+def _shape(name: str, batches: list[int], device: torch.device, args: Any) -> dict[str, Any]:
+    tokens = max(batches) * (args.context + args.steps + 2)
+    runner = random_runner(name, device, tokens, quick=args.quick)
+    wbytes = weight_bytes(runner.model)
+    out: dict[str, Any] = {"weight_bytes": wbytes, "levels": {}}
+    for b in batches:
+        harness, ms = _decode_ms(runner, b, args.context, args.steps, device)
+        kv = sum(kv_bytes_per_token(runner.model.args, args.context) for _ in range(b))
+        floor = 1000 * (wbytes + kv) / args.bandwidth
+        row = {
+            "step_ms": round(ms, 3),
+            "tokens_per_s": round(1000 * b / ms, 1),
+            "floor_ms": float(f"{floor:.4g}"),
+            "over_floor": round(ms / floor, 2),
+        }
+        if b in (batches[0], batches[-1]) and device.type == "cuda":
+            try:
+                row["busy"] = _busy_share(harness, device)
+            except Exception as e:  # noqa: BLE001  (the profiler's API moves between versions)
+                row["busy"] = repr(e)
+        out["levels"][str(b)] = row
+        print(name, b, row, flush=True)
+    del runner
+    return out
+
+
+def _decode_ms(
+    runner: Any, batch: int, context: int, steps: int, device: torch.device
+) -> tuple[RunnerHarness, float]:
+    """Median ms of a decode step of `batch` sequences once their prompts are in."""
+    harness = RunnerHarness(runner)
+    gen = torch.Generator().manual_seed(batch)
+    vocab = runner.vocab_size
+    for i in range(batch):
+        prompt = torch.randint(0, vocab, (context,), generator=gen).tolist()
+        harness.add(f"s{i}", prompt, max_new=1 << 20, params=GREEDY, chunk=2048)
+    while any(s.num_computed < len(s.prompt) for s in harness.seqs.values()):
+        harness.step()
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        start = time.perf_counter()
+        harness.step()
+        _sync(device)
+        times.append(1000 * (time.perf_counter() - start))
+    return harness, statistics.median(times)
+
+
+def _busy_share(harness: RunnerHarness, device: torch.device) -> float:
+    """Device kernel time over wall time across three decode steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(3):
+            harness.step()
+        _sync(device)
+        wall = time.perf_counter() - start
+    kernels = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+    return round(kernels / 1e6 / wall, 3)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+if __name__ == "__main__":
+    main()

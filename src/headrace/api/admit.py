@@ -1,0 +1,114 @@
+"""Admitting a request: every check, cheapest first (key, model, tenant limits), then the
+prompt tokenized and its fit checked, then the gateway's admission; the `Job` that passed.
+A known tenant's refusal goes to the ledger; an unknown caller's does not (it could fill it)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+
+from fastapi import Request
+
+from headrace.api.arrival import arrival_time
+from headrace.api.errors import APIError, bad_request
+from headrace.api.logits_fields import processor_params
+from headrace.api.schemas import SamplingFields
+from headrace.api.serving import Job
+from headrace.api.state import AppState
+from headrace.api.structured import grammar_for
+from headrace.api.usage_record import record_refusal
+from headrace.engine.client import EngineClient, GenerateOptions
+from headrace.engine.limits import DoesNotFit, check_fits
+from headrace.engine.tokenizer import Tokenizer
+from headrace.gateway.auth import key_from_headers
+from headrace.gateway.base import GatewayError, Tenant
+from headrace.ledger.records import key_id
+from headrace.metrics.timing import RequestTimer
+from headrace.request import SamplingParams
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sampling_params(
+    body: SamplingFields,
+    max_tokens: int,
+    logprobs: int | None,
+    tokenizer: Tokenizer,
+    grammar: str | None = None,
+) -> SamplingParams:
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    processors = processor_params(body, tokenizer, max_tokens)
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+            top_k=max(body.top_k, 0), seed=body.seed, stop=stop, ignore_eos=body.ignore_eos,
+            logprobs=logprobs, stop_token_ids=tuple(body.stop_token_ids or ()), grammar=grammar,
+            **processors,
+        )  # fmt: skip
+    except ValueError as e:
+        raise bad_request(str(e)) from e
+
+
+async def admit(
+    state: AppState,
+    request: Request,
+    body: SamplingFields,
+    encode: Callable[[EngineClient], Awaitable[list[int]]],
+    *,
+    max_tokens: int | None,
+    logprobs: int | None = None,
+    id_prefix: str = "gen",
+    n: int = 1,
+) -> Job:
+    """All the checks, cheapest first; `encode` tokenizes the prompt for the chosen engine.
+    `n` choices are admitted as one request whose output may be `n` times `max_tokens`. A
+    known tenant's refusal goes to the ledger (an unknown caller's does not: it could fill it)."""
+    tenant = state.gateway.authenticate(request.headers)
+    admitting = _admit(state, request, tenant, body, encode, max_tokens, logprobs, id_prefix, n)
+    try:
+        return await admitting
+    except (APIError, GatewayError) as e:
+        record_refusal(state, request, tenant.name, body.model, e.status)
+        raise
+
+
+async def _admit(
+    state: AppState,
+    request: Request,
+    tenant: Tenant,
+    body: SamplingFields,
+    encode: Callable[[EngineClient], Awaitable[list[int]]],
+    max_tokens: int | None,
+    logprobs: int | None,
+    id_prefix: str,
+    n: int,
+) -> Job:
+    target = state.target(body.model, tenant)
+    model, engine = target.model, target.engine
+    state.gateway.check(tenant, target.base)
+    ids = await encode(engine)
+    if max_tokens is None:  # chat without a limit: the rest of the context
+        max_tokens = max(engine.max_model_len - len(ids), 1)
+    try:
+        check_fits(len(ids), max_tokens, engine.max_model_len)
+    except DoesNotFit as e:
+        raise bad_request(str(e), e.param) from e
+    eos_banned_for = 0 if body.ignore_eos else body.min_tokens or 0
+    grammar = await grammar_for(body, state.grammars, eos_banned_for)
+    params = sampling_params(body, max_tokens, logprobs, engine.tokenizer, grammar)
+    admission = state.gateway.admit(tenant, len(ids), n * max_tokens, target.base)
+    arrival = arrival_time(request.scope)
+    options = GenerateOptions(
+        priority=tenant.priority, tenant=tenant.name, weight=tenant.weight,
+        timeout_s=body.timeout or state.config.request_timeout_s,
+        queue_timeout_s=tenant.queue_timeout_s, arrival_time=arrival,
+        cache_salt=tenant.cache_salt, lora=target.lora,
+    )  # fmt: skip
+    rid = new_request_id(id_prefix)
+    timer = RequestTimer(start=arrival)
+    traceparent = request.headers.get("traceparent")
+    job = Job(rid, model, engine, ids, params, options, admission, timer, traceparent)
+    job.key_id, job.route = key_id(key_from_headers(request.headers)), request.url.path
+    return job

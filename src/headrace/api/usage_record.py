@@ -1,0 +1,78 @@
+"""A finished request as the ledger records it: its tokens (all `n` choices), the engine's
+counts, its timing and outcome. Called once per HTTP request that reached the engine, when its
+run closes; and for a known tenant's request refused before it (`record_refusal`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+
+from headrace.gateway.auth import key_from_headers
+from headrace.ledger.records import UsageRecord, key_id
+from headrace.request import FinishReason
+
+if TYPE_CHECKING:
+    from headrace.api.serving import RequestRun
+    from headrace.api.state import AppState
+
+log = logging.getLogger("headrace.ledger")
+ABORTED = 499  # ended before its end: the client left, or the server stopped (nginx's code)
+# What the routes answer for a run that ended so (RequestRun._record raises it).
+_ERRORS = {FinishReason.ERROR: 502, FinishReason.OVERLOADED: 503}
+
+
+def record_usage(state: AppState, runs: Sequence[RequestRun], n: int = 1) -> None:
+    """One record for a request's runs (its choices; the first holds the prompt). Called from
+    the runs' cleanup: whatever goes wrong here is logged, never raised into it."""
+    if state.ledger is None:
+        return
+    try:
+        state.ledger.append(_usage(runs, n))
+    except Exception:
+        log.exception("the ledger's record of %s was not made", runs[0].job.request_id)
+
+
+def _usage(runs: Sequence[RequestRun], n: int) -> UsageRecord:
+    first = runs[0]
+    job, timer = first.job, first.job.timer
+    counts = [r.last for r in runs if r.last is not None]
+    return UsageRecord(
+        tenant=job.admission.tenant.name, model=job.model, route=job.route,
+        http_status=http_status(runs), request_id=job.request_id, key_id=job.key_id,
+        prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
+        completion_tokens=sum(r.completion_tokens for r in runs),
+        recomputed_tokens=sum(c.recomputed_tokens for c in counts),
+        draft_tokens=sum(c.draft_tokens for c in counts),
+        accepted_tokens=sum(c.accepted_tokens for c in counts),
+        n=n, queue_s=timer.queue_time, ttft_s=timer.ttft, total_s=timer.e2e,
+        finish_reason=first.reason, replica=first.replica, resumed=any(c.resumed for c in counts),
+    )  # fmt: skip
+
+
+def http_status(runs: Sequence[RequestRun]) -> int:
+    """The first error a run ended with; else 499 if one was cut short, else 200."""
+    for run in runs:
+        status = run.http_status or _ERRORS.get(run.finish_reason or FinishReason.STOP)
+        if status is not None:
+            return status
+    return ABORTED if any(r.finish_reason is None for r in runs) else 200
+
+
+def record_refusal(
+    state: AppState, request: Request, tenant: str, model: str | None, status: int
+) -> None:
+    """A known tenant's request refused before it reached an engine (400, 404, 429, 503)."""
+    if state.ledger is None:
+        return
+    state.ledger.append(
+        UsageRecord(
+            tenant=tenant,
+            model=model,
+            route=request.url.path,
+            http_status=status,
+            key_id=key_id(key_from_headers(request.headers)),
+        )  # fmt: skip
+    )

@@ -1,0 +1,29 @@
+"""bench/gpu/device_bench.py, the one script a scarce GPU session runs, runs here too (tiny
+shapes on the CPU), so it does not rot between sessions that have a device."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_device_script_runs_on_the_cpu_and_reports_every_part(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    cmd = [sys.executable, "bench/gpu/device_bench.py", "--device", "cpu", "--quick"]
+    subprocess.run(
+        [*cmd, "--out", str(out)], cwd=ROOT, check=True, capture_output=True, timeout=300
+    )
+    report = json.loads(out.read_text())
+    for shape in ("gemma3-270m", "llama3-8b"):
+        for level in report[shape]["levels"].values():
+            assert level["step_ms"] > 0 and level["floor_ms"] > 0
+            ratio = level["step_ms"] / level["floor_ms"]
+            assert abs(level["over_floor"] - ratio) <= 0.01 * ratio
+    engine = report["engine_gemma3-270m"]
+    assert set(engine["levels"]) == {"1", "4"}
+    assert all(v["tokens_per_s"] > 0 for v in engine["levels"].values())
+    assert engine["join"]["first_token_ms"] > 0

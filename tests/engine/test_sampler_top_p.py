@@ -1,0 +1,105 @@
+"""top_p's partial sort (engine/top_p.py) keeps the set a float64 full sort keeps (its mass
+to the float32 logits' precision), on rows from peaked to flat, over a vocabulary large
+enough that the partial path is taken."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.sampler import Sampler
+from headrace.engine.top_p import TOP_P_FIRST, top_p_mask, top_p_sets
+from headrace.request import SamplingParams
+
+VOCAB = 20_000
+PARAMS = SamplingParams(temperature=1.0, top_p=0.9)
+
+
+def _full_sort_keep(x: torch.Tensor, p: float) -> torch.Tensor:
+    """[V] bool: the reference set, from a float64 sort of the whole row (mass reaching p to
+    1e-6, the rule _top_p documents)."""
+    probs = torch.softmax(x.double(), dim=-1)
+    vals, order = probs.sort(descending=True)
+    drop = (vals.cumsum(-1) - vals) >= p - 1e-6
+    drop[0] = False
+    return torch.zeros_like(drop).scatter_(0, order, drop).logical_not()
+
+
+def _rows() -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    scales = [0.05, 0.5, 1.0, 2.0, 4.0, 8.0]  # flat (a set of ~19k) to peaked
+    rows = [torch.randn(VOCAB, generator=g) * s for s in scales]
+    one = torch.randn(VOCAB, generator=g)
+    one[7] = 40.0  # one token holds all but ~1e-13
+    rows.append(one)
+    rows.append(torch.randn(VOCAB, generator=g).round())  # many exact ties at the edge
+    masked = torch.randn(VOCAB, generator=g) * 2
+    masked[::3] = float("-inf")  # an earlier min_p / top_k cut
+    rows.append(masked)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("p", [0.01, 0.5, 0.9, 0.95, 0.999])
+def test_partial_sort_keeps_the_full_sorts_set(p: float) -> None:
+    x = _rows()
+    out = top_p_mask(x, [p] * len(x))
+    for row in range(len(x)):
+        kept = out[row] > float("-inf")
+        want = _full_sort_keep(x[row], p)
+        probs = torch.softmax(x[row].double(), dim=-1)
+        # a prefix of the row by likelihood (ties at the edge may go either way) ...
+        assert x[row][kept].min() >= x[row][~kept].max(), (row, p)
+        # ... whose mass is the reference's
+        assert abs(float(probs[kept].sum() - probs[want].sum())) < 1e-9, (row, p)
+        assert float(probs[kept].sum()) >= p - 1e-6
+        assert torch.equal(out[row][kept], x[row][kept])  # kept logits untouched
+
+
+def test_sizes_span_the_partial_and_the_whole_sort() -> None:
+    x = _rows()
+    kept = (top_p_mask(x, [0.95] * len(x)) > float("-inf")).sum(-1)
+    assert int(kept.min()) == 1  # the row with one likely token
+    assert int(kept.max()) > TOP_P_FIRST * 8  # scale 0.05: most of the row
+
+
+def test_rows_without_top_p_are_untouched() -> None:
+    x = _rows()
+    out = top_p_mask(x, [1.0, 0.9] + [1.0] * (len(x) - 2))
+    assert torch.equal(out[0], x[0]) and torch.equal(out[2:], x[2:])
+    assert not torch.equal(out[1], x[1])
+
+
+def test_draws_from_a_wide_set_follow_its_renormalized_mass() -> None:
+    """2,000 tokens at logit 0 (A), 2,000 at -1 (B), the rest at -20: top_p 0.9 keeps all of
+    A and enough of B (a set of ~3.3k, past TOP_P_FIRST); a draw is from A with probability
+    mass(A) / mass(kept) and never from the tail."""
+    x = torch.full((VOCAB,), -20.0)
+    x[:2000], x[2000:4000] = 0.0, -1.0
+    z = float(torch.exp(x.double()).sum())
+    mass_a = 2000 / z
+    draws = [
+        Sampler(seed=s)(x[None], [ScheduledRequest("r", [1], 0, [0], True, PARAMS, 0)])[0][0]
+        for s in range(3000)
+    ]
+    from_a = sum(t < 2000 for t in draws) / len(draws)
+    want = mass_a / 0.9  # kept mass is 0.9 to within one B token's (~1.3e-4)
+    assert abs(from_a - want) < 4 * (want * (1 - want) / len(draws)) ** 0.5
+    assert max(draws) < 4000
+    kept_b = int((top_p_mask(x[None], [0.9])[0, 2000:4000] > float("-inf")).sum())
+    assert abs(kept_b - (0.9 - mass_a) * z / math.exp(-1)) <= 1
+
+
+def test_sets_are_in_vocabulary_order_and_padded_with_their_own_ids() -> None:
+    x = _rows()
+    sets = top_p_sets(x, [0.9] * len(x))
+    assert sets is not None and sets.rows == list(range(len(x)))
+    for row in range(len(x)):
+        real = sets.logits[row] > float("-inf")
+        ids = sets.ids[row][real]
+        assert torch.equal(ids, ids.sort().values)
+        assert torch.equal(sets.logits[row][real], x[row][ids])
+        assert set(sets.ids[row][~real].tolist()) <= set(ids.tolist())
+    assert top_p_sets(x, [1.0] * len(x)) is None
