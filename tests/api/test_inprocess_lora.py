@@ -1,6 +1,6 @@
 """The LoRA admin routes in process: behind the admin key, vLLM's bodies, a refused load a
-400 with the core's reason (nothing listed), unknown names 404, /v1/models following along
-(the real core behind them: tests/lora/test_lora_server.py)."""
+400 with the core's reason (nothing listed), unknown names 404, /v1/models following along,
+every call in the audit log (the real core behind them: tests/lora/test_lora_server.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gateway.conftest import tenants_yaml
 from api.inprocess import make_app, session
 from api.route_coverage import covers
 from headrace.gateway.gateway import TenantGateway
+from headrace.ledger.writer import Ledger
 
 ADMIN = {"authorization": "Bearer admin-key"}
 BOB = {"authorization": "Bearer bob-key"}
@@ -40,7 +41,8 @@ def test_load_and_unload_behind_the_admin_key(tmp_path: Path) -> None:
     path = tmp_path / "tenants.yaml"
     path.write_text(tenants_yaml(**{"tier: free\n": 'tier: free\n    adapters: "*"\n'}))
     engine = LoraEngine()
-    app = make_app(engine, TenantGateway.from_file(path))
+    ledger = Ledger(tmp_path / "ledger.db", flush_s=60)
+    app = make_app(engine, TenantGateway.from_file(path), ledger=ledger)
     body = {"lora_name": "support", "lora_path": "/adapters/support"}
 
     async def work(c: httpx.AsyncClient) -> dict[str, httpx.Response]:
@@ -58,6 +60,7 @@ def test_load_and_unload_behind_the_admin_key(tmp_path: Path) -> None:
             UNLOAD, json={"lora_name": "support", "lora_int_id": 1}, headers=ADMIN
         )
         out["gone"] = await c.get("/v1/models", headers=BOB)
+        out["audit"] = await c.get("/v1/audit", headers=ADMIN)
         return out
 
     r = session(app, work)
@@ -78,6 +81,10 @@ def test_load_and_unload_behind_the_admin_key(tmp_path: Path) -> None:
     assert r["unload"].status_code == 200, r["unload"].text
     assert [m["id"] for m in r["gone"].json()["data"]] == ["m"]
     assert engine.loaded == {}
+    audited = [(e["action"], e["status"]) for e in r["audit"].json()["data"]]
+    assert sorted(audited) == sorted(
+        [("lora.load", 400)] * 4 + [("lora.load", 200), ("lora.unload", 404), ("lora.unload", 200)]
+    ), audited  # the two with no or a tenant's key never reached the route's work
 
 
 @covers("POST /v1/load_lora_adapter")

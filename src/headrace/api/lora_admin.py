@@ -6,19 +6,24 @@ tenants file nor an admin key).
 The core reads and checks the files itself; a malformed adapter, a rank above
 --max-lora-rank or the shapes of another model is a 400 with the reason, and nothing already
 loaded changes. Which tenants may use the adapter is the tenants file's to say (by name).
+Each call, done or refused, goes to the audit log (`lora.load`, `lora.unload`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from headrace.api.audit import audit
 from headrace.api.errors import APIError, bad_request
 from headrace.api.schemas import error_responses
-from headrace.api.state import app_state
+from headrace.api.state import AppState, app_state
 from headrace.gateway.access import Scope
+from headrace.gateway.auth import key_from_headers
+from headrace.ledger.records import key_id
 from headrace.lora.adapter import LoraError, check_name
 from headrace.router.lora_fanout import lora_command
 
@@ -45,6 +50,35 @@ class UnloadLoraBody(BaseModel):
 async def load_lora_adapter(body: LoadLoraBody, request: Request) -> dict[str, Any]:
     state = app_state(request)
     state.gateway.access.authorize(Scope.ADMIN, request.headers)
+    return await _audited(state, request, "lora.load", body.model_dump(), _load(state, body))
+
+
+@router.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(body: UnloadLoraBody, request: Request) -> dict[str, Any]:
+    state = app_state(request)
+    state.gateway.access.authorize(Scope.ADMIN, request.headers)
+    return await _audited(state, request, "lora.unload", body.model_dump(), _unload(state, body))
+
+
+async def _audited(
+    state: AppState,
+    request: Request,
+    action: str,
+    arguments: dict[str, Any],
+    work: Awaitable[dict[str, Any]],
+) -> dict[str, Any]:
+    """`work`'s answer, into the audit log as it went (refused: its status and message)."""
+    who = key_id(key_from_headers(request.headers))
+    try:
+        result = await work
+    except APIError as e:
+        audit(state, action, who, arguments, e.status, {"message": e.message})
+        raise
+    audit(state, action, who, arguments, 200, result)
+    return result
+
+
+async def _load(state: AppState, body: LoadLoraBody) -> dict[str, Any]:
     name = body.lora_name
     try:
         check_name(name)
@@ -64,10 +98,7 @@ async def load_lora_adapter(body: LoadLoraBody, request: Request) -> dict[str, A
     return {"object": "lora_adapter", "id": name, "parent": base, "loaded": True}
 
 
-@router.post("/v1/unload_lora_adapter")
-async def unload_lora_adapter(body: UnloadLoraBody, request: Request) -> dict[str, Any]:
-    state = app_state(request)
-    state.gateway.access.authorize(Scope.ADMIN, request.headers)
+async def _unload(state: AppState, body: UnloadLoraBody) -> dict[str, Any]:
     name = body.lora_name
     base = state.adapters.get(name)
     if base is None or name in state.lora_busy:
