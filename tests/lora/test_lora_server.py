@@ -6,6 +6,8 @@ and never sharing cached KV with the base or another adapter."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,16 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from factories import Server, hf_greedy, make_tiny, prompts, serve_args, serving, write_tenants
+from factories import (
+    Server,
+    hf_greedy,
+    make_tiny,
+    prompts,
+    serve_args,
+    serving,
+    wait_for,
+    write_tenants,
+)
 from factories.lora import make_adapter
 from tokenizers import Tokenizer
 
@@ -178,6 +189,15 @@ def test_load_and_unload_at_run_time(server: Server, made: dict[str, Any]) -> No
             return await _complete(c, "extra", made["prompts"][0])
 
     assert asyncio.run(ask()) == want  # bob may use every adapter ("*"), new ones too
+    victim = _replica(server)
+    os.kill(victim["pid"], signal.SIGKILL)  # the restarted core loads "extra" again
+
+    def restarted() -> bool:
+        rep = _replica(server)
+        return rep["state"] == "healthy" and rep["pid"] != victim["pid"]
+
+    wait_for(restarted, 60, "the killed replica to restart")
+    assert asyncio.run(ask()) == want
     assert asyncio.run(ask_support(server, made)) == _text(made, made["expected"]["support"][0])
     r = admin("unload_lora_adapter", {"lora_name": "extra"})
     assert r.status_code == 200, r.text
@@ -190,3 +210,9 @@ async def ask_support(server: Server, made: dict[str, Any]) -> str:
     """The adapters loaded at start are untouched by refused loads and other unloads."""
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
         return await _complete(c, "support", made["prompts"][0])
+
+
+def _replica(server: Server) -> dict[str, Any]:
+    stats = httpx.get(server.url + "/v1/stats", headers=_auth("admin"), timeout=10).json()
+    reps: list[dict[str, Any]] = stats["models"]["tiny"]["replicas"]
+    return reps[0]

@@ -2,8 +2,9 @@
 
 Only local replicas (engine cores this server started) take adapters at run time; a remote or
 Ray replica refuses, and so does the whole command. A load refused by one replica is undone on
-those that took it, so the replicas never disagree on what a model's adapters are. Adapters
-loaded at run time do not survive a replica's restart (those given with --lora do).
+those that took it, so the replicas never disagree on what a model's adapters are. The router's
+`LoraChanges` remembers what changed since the start (--lora): a local replica started later
+(a restart, the autoscaler) replays it before it joins.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from headrace.engine.client import EngineClient
+from headrace.router.lora_changes import LoraChanges
 from headrace.router.router import Router
 
 log = logging.getLogger(__name__)
@@ -23,6 +25,7 @@ async def lora_command(engine: EngineClient, name: str, path: str | None) -> Non
     """Load `path` as `name` (unload with `path` None) on each of `engine`'s replicas;
     ValueError with the reason when refused (nothing changed)."""
     targets = [r.engine for r in engine.replicas] if isinstance(engine, Router) else [engine]
+    changes = engine.lora_changes if isinstance(engine, Router) else LoraChanges()
     commands: list[Command] = []
     for target in targets:
         command = getattr(target, "lora_command", None)
@@ -31,6 +34,7 @@ async def lora_command(engine: EngineClient, name: str, path: str | None) -> Non
         commands.append(command)
     if path is None:
         await _unload(commands, name)
+        changes.record(name, None)
         return
     done: list[Command] = []
     for command in commands:
@@ -42,6 +46,7 @@ async def lora_command(engine: EngineClient, name: str, path: str | None) -> Non
                     await loaded(name, None)
             raise
         done.append(command)
+    changes.record(name, path)
 
 
 async def _unload(commands: list[Command], name: str) -> None:
