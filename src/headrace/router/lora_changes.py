@@ -19,6 +19,12 @@ class LoraChanges:
     loaded: dict[str, str] = field(default_factory=dict)
     unloaded: set[str] = field(default_factory=set)
 
+    def copy(self) -> LoraChanges:
+        return LoraChanges(dict(self.loaded), set(self.unloaded))
+
+    def restore(self, earlier: LoraChanges) -> None:
+        self.loaded, self.unloaded = earlier.loaded, earlier.unloaded
+
     def record(self, name: str, path: str | None) -> None:
         if path is not None:
             self.loaded[name] = path

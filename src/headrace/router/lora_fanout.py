@@ -24,40 +24,49 @@ Command = Callable[[str, str | None], Awaitable[None]]
 async def lora_command(engine: EngineClient, name: str, path: str | None) -> None:
     """Load `path` as `name` (unload with `path` None) on each of `engine`'s replicas;
     ValueError with the reason when refused (nothing changed)."""
-    targets = [r.engine for r in engine.replicas] if isinstance(engine, Router) else [engine]
+    replicas = [r.engine for r in engine.replicas] if isinstance(engine, Router) else [engine]
     changes = engine.lora_changes if isinstance(engine, Router) else LoraChanges()
+    targets = [e for e in replicas if e.is_healthy]  # one restarting replays `changes` itself
+    if not targets:
+        raise ValueError("no replica of this model is running; try again once one is")
     commands: list[Command] = []
     for target in targets:
         command = getattr(target, "lora_command", None)
         if command is None:
             raise ValueError("adapters load at run time on local replicas only (use --lora)")
         commands.append(command)
-    if path is None:
-        await _unload(commands, name)
-        changes.record(name, None)
-        return
+    before = changes.copy()
+    changes.record(name, path)  # first: a replica restarting meanwhile replays it too
+    try:
+        await (_unload(commands, name) if path is None else _load(commands, name, path))
+    except ValueError:
+        changes.restore(before)
+        raise
+
+
+async def _load(commands: list[Command], name: str, path: str) -> None:
+    """On every replica, or (ValueError) on none."""
     done: list[Command] = []
     for command in commands:
         try:
             await command(name, path)
-        except ValueError:
+        except (ValueError, RuntimeError) as e:  # refused, or the replica died meanwhile
             for loaded in done:  # undo: every replica holds the same adapters
                 with contextlib.suppress(ValueError, RuntimeError):
                     await loaded(name, None)
-            raise
+            raise ValueError(str(e)) from e
         done.append(command)
-    changes.record(name, path)
 
 
 async def _unload(commands: list[Command], name: str) -> None:
     """From every replica that holds it; ValueError only when none did."""
-    errors: list[ValueError] = []
+    errors: list[Exception] = []
     for command in commands:
         try:
             await command(name, None)
-        except ValueError as e:
+        except (ValueError, RuntimeError) as e:
             errors.append(e)
     if len(errors) == len(commands):
-        raise errors[0]
+        raise ValueError(str(errors[0]))
     if errors:
         log.warning("adapter %s was missing on %d replica(s)", name, len(errors))
