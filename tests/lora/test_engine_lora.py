@@ -36,13 +36,14 @@ def test_adapter_by_name_salted_and_unloaded_under_way(core: EngineCore) -> None
         core.add_request(_request("x", "nope"))
     core.add_request(_request("base", None))
     core.add_request(_request("with-a", "a"))
-    assert core.stats().lora_requests == (("a", 0, 1),)  # (name, running, waiting)
+    assert core.stats().lora_requests == (("a", 0, 1, 0),)  # name, running, waiting, tokens
     reqs = core.scheduler.requests
     assert reqs["base"].cache_salt == "t" and reqs["base"].lora_id == 0
     assert reqs["with-a"].cache_salt.startswith("t\x00lora:") and reqs["with-a"].lora_id > 0
     for _ in range(3):
         _, stats = core.step()
-    assert stats.lora_requests == (("a", 1, 0),)
+    [(name, running, waiting, tokens)] = stats.lora_requests
+    assert (name, running, waiting) == ("a", 1, 0) and tokens >= 3 + 2  # prompt, 2 decodes
     done = core.apply_lora(LoraCommand("c1", "a"))
     assert done.error is None
     outputs, _ = core.step()
@@ -57,10 +58,10 @@ def test_adapter_by_name_salted_and_unloaded_under_way(core: EngineCore) -> None
 
 
 def test_per_adapter_counts_add_up_over_replicas_and_reach_prometheus() -> None:
-    one = StepStats(num_running=2, lora_requests=(("a", 1, 0), ("b", 0, 2)))
-    two = StepStats(num_running=1, lora_requests=(("a", 2, 1),))
+    one = StepStats(num_running=2, lora_requests=(("a", 1, 0, 10), ("b", 0, 2, 0)))
+    two = StepStats(num_running=1, lora_requests=(("a", 2, 1, 5),))
     total = sum_stats([one, two])
-    assert total.lora_requests == (("a", 3, 1), ("b", 0, 2)) and total.num_running == 3
+    assert total.lora_requests == (("a", 3, 1, 15), ("b", 0, 2, 0)) and total.num_running == 3
 
     class Engine:
         def stats(self) -> StepStats:
@@ -73,6 +74,7 @@ def test_per_adapter_counts_add_up_over_replicas_and_reach_prometheus() -> None:
     )
     assert "headrace:lora_requests_running{'model_name': 'tiny', 'lora_name': 'a'} 3" in text
     assert "headrace:lora_requests_waiting{'model_name': 'tiny', 'lora_name': 'b'} 2" in text
+    assert "headrace:lora_tokens_computed{'model_name': 'tiny', 'lora_name': 'a'} 15" in text
 
 
 def test_drafts_of_an_adapter_request_are_checked_with_its_adapter(

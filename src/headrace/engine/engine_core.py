@@ -78,6 +78,7 @@ class EngineCore:
         self.eos_token_ids = tuple(runner.eos_token_ids)
         self.last_stats = self.scheduler.stats()
         self.last_step_scheduled = False  # whether the last step ran the model at all
+        self.lora_tokens: dict[int, int] = {}  # adapter id -> tokens computed with it
 
     @classmethod
     def from_configs(
@@ -150,7 +151,7 @@ class EngineCore:
         if loras is None or not loras.ids:
             return stats
         names = {i: name for name, i in loras.ids.items()}
-        counts = lora_counts(self.scheduler.requests.values(), names)
+        counts = lora_counts(self.scheduler.requests.values(), names, self.lora_tokens)
         return msgspec.structs.replace(stats, lora_requests=counts)
 
     def _lora_id(self, name: str | None) -> int:
@@ -201,6 +202,11 @@ class EngineCore:
         result = RunnerOutput(sampled={})
         if not out.is_empty:
             result = execute_isolating_failures(self.runner.execute, out, self._fail_culprit)
+            for s in out.scheduled:
+                if s.lora_id:
+                    self.lora_tokens[s.lora_id] = self.lora_tokens.get(s.lora_id, 0) + len(
+                        s.token_ids
+                    )
         outputs = self._update(out, result)
         self.last_stats = self._with_loras(self.scheduler.stats(out, time.perf_counter() - start))
         self.last_step_scheduled = not out.is_empty

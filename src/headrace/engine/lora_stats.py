@@ -1,5 +1,5 @@
-"""Requests running and waiting per LoRA adapter, for the step stats (vLLM reports the same
-as `lora_requests_info`): (adapter name, running, waiting), by name."""
+"""Per LoRA adapter, for the step stats (vLLM reports the first two as `lora_requests_info`):
+(adapter name, requests running, requests waiting, tokens computed since the start), by name."""
 
 from __future__ import annotations
 
@@ -7,22 +7,25 @@ from collections.abc import Iterable, Mapping
 
 from headrace.request import Request, RequestStatus
 
-LoraCounts = tuple[tuple[str, int, int], ...]
+LoraCounts = tuple[tuple[str, int, int, int], ...]
 
 
-def lora_counts(requests: Iterable[Request], names: Mapping[int, str]) -> LoraCounts:
-    """Each loaded adapter with a request, by name (`names`: adapter id -> name)."""
-    counts: dict[str, list[int]] = {}
+def lora_counts(
+    requests: Iterable[Request], names: Mapping[int, str], tokens: Mapping[int, int]
+) -> LoraCounts:
+    """Each loaded adapter with a request or a token so far (`names`: adapter id -> name,
+    `tokens`: adapter id -> tokens computed)."""
+    counts = {i: [0, 0] for i in names if tokens.get(i)}
     for req in requests:
-        name = names.get(req.lora_id) if req.lora_id else None
-        if name is not None:
-            pair = counts.setdefault(name, [0, 0])
+        if req.lora_id in names:
+            pair = counts.setdefault(req.lora_id, [0, 0])
             pair[0 if req.status is RequestStatus.RUNNING else 1] += 1
-    return tuple((name, running, waiting) for name, (running, waiting) in sorted(counts.items()))
+    rows = ((names[i], r, w, tokens.get(i, 0)) for i, (r, w) in counts.items())
+    return tuple(sorted(rows))
 
 
-def add_counts(into: dict[str, tuple[int, int]], counts: LoraCounts) -> None:
+def add_counts(into: dict[str, tuple[int, int, int]], counts: LoraCounts) -> None:
     """Sum one replica's counts into `into` (the router's total over replicas)."""
-    for name, running, waiting in counts:
-        r, w = into.get(name, (0, 0))
-        into[name] = (r + running, w + waiting)
+    for name, running, waiting, tokens in counts:
+        r, w, t = into.get(name, (0, 0, 0))
+        into[name] = (r + running, w + waiting, t + tokens)

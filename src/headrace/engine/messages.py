@@ -78,8 +78,9 @@ class StepStats(msgspec.Struct, frozen=True):
     # Speculative decoding: draft tokens checked by the model so far, and accepted.
     spec_draft_tokens_total: int = 0
     spec_accepted_tokens_total: int = 0
-    # Per LoRA adapter with requests: (name, running, waiting), sorted by name.
-    lora_requests: tuple[tuple[str, int, int], ...] = ()
+    # Per LoRA adapter with requests or tokens: (name, running, waiting, tokens computed since
+    # the start), sorted by name.
+    lora_requests: tuple[tuple[str, int, int, int], ...] = ()
 
     @property
     def prefix_cache_hit_rate(self) -> float:

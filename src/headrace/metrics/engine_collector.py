@@ -66,11 +66,14 @@ class EngineCollector(Collector):
                         labels=labels)  # fmt: skip
         waiting = GAUGE(PREFIX + "lora_requests_waiting", "Requests waiting per LoRA adapter.",
                         labels=labels)  # fmt: skip
+        tokens = COUNTER(PREFIX + "lora_tokens_computed", "Tokens computed per LoRA adapter.",
+                         labels=labels)  # fmt: skip
         for name, engine in list(self.engines().items()):
             stats = engine.stats()
             for family, field in families:
                 family.add_metric([name], getattr(stats, field))
-            for lora, n_running, n_waiting in stats.lora_requests:
+            for lora, n_running, n_waiting, n_tokens in stats.lora_requests:
                 running.add_metric([name, lora], n_running)
                 waiting.add_metric([name, lora], n_waiting)
-        return [family for family, _ in families] + [running, waiting]
+                tokens.add_metric([name, lora], n_tokens)
+        return [family for family, _ in families] + [running, waiting, tokens]

@@ -98,7 +98,7 @@ def sum_stats(stats: Iterable[StepStats]) -> StepStats:
         return stats[0]
     total: dict[str, Any] = {}
     by_priority: dict[int, tuple[int, int]] = {}
-    by_lora: dict[str, tuple[int, int]] = {}
+    by_lora: dict[str, tuple[int, int, int]] = {}
     reported = False
     for s in stats:
         for f in msgspec.structs.fields(StepStats):
