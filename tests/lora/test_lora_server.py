@@ -216,3 +216,20 @@ def _replica(server: Server) -> dict[str, Any]:
     stats = httpx.get(server.url + "/v1/stats", headers=_auth("admin"), timeout=10).json()
     reps: list[dict[str, Any]] = stats["models"]["tiny"]["replicas"]
     return reps[0]
+
+
+def test_generate_route_takes_the_adapter_too(server: Server, made: dict[str, Any]) -> None:
+    text = " ".join(f"w{t}" for t in made["prompts"][2][1:])  # the word-level vocabulary
+    bodies = {m: {"model": m, "prompt": text, "max_tokens": NEW, "temperature": 0,
+                  "ignore_eos": True} for m in ("tiny", "legal")}  # fmt: skip
+    out = {
+        m: httpx.post(server.url + "/v1/generate", json=b, headers=_auth("bob"), timeout=60)
+        for m, b in bodies.items()
+    }
+    assert all(r.status_code == 200 for r in out.values()), [r.text for r in out.values()]
+    assert out["legal"].json()["model"] == "legal"
+    assert out["legal"].json()["text"] != out["tiny"].json()["text"]
+    r = httpx.post(
+        server.url + "/v1/generate", json=bodies["legal"], headers=_auth("alice"), timeout=60
+    )
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
