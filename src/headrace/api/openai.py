@@ -31,7 +31,8 @@ router = APIRouter()
 @router.get("/v1/models", response_model=ModelList, responses=error_responses(401))
 async def list_models(request: Request) -> dict[str, Any]:
     """Open on an open server; with tenants, a tenant's key or the admin key (as vLLM's
-    `--api-key`). The tenants file restricts no tenant to some models: each sees them all."""
+    `--api-key`). Each tenant sees every base model, and the LoRA adapters it may use (with
+    `parent`); the admin key sees every adapter."""
     state = app_state(request)
     tenant = None  # the operator sees every adapter
     if not state.gateway.access.tenants or not state.gateway.access.allows(
