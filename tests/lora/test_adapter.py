@@ -100,3 +100,21 @@ def test_a_refused_load_changes_nothing(made: Path) -> None:
         runner.loras.load("good", made / "rs")
     assert list(runner.loras.ids) == ["good"]
     assert greedy(runner, ps, 6, lora_ids=[good, 0]) == before
+
+
+def test_only_the_decoders_layers(made: Path) -> None:
+    """A vision tower's layers (a multimodal checkpoint's) are refused, never mapped onto the
+    text layers of the same index."""
+    path = _variant(made, "vision")
+    tensors = load_file(path / "adapter_model.safetensors")
+    key = "base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj.lora_A.weight"
+    save_file({**tensors, key: torch.zeros(8, 64)}, path / "adapter_model.safetensors")
+    with pytest.raises(LoraError, match="is not a LoRA weight of"):
+        read_adapter("x", path, 64)
+    renamed = {k.replace("model.model.layers", "model.model.language_model.layers"): v
+               for k, v in tensors.items()}  # fmt: skip
+    save_file(renamed, path / "adapter_model.safetensors")
+    assert (
+        read_adapter("x", path, 64).weights.keys()
+        == read_adapter("g", made / "good", 64).weights.keys()
+    )

@@ -22,9 +22,12 @@ from safetensors import safe_open
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The decoder's layers only (`model.layers.N`, a multimodal checkpoint's `language_model`):
+# a vision tower's `encoder.layers.N.self_attn.q_proj` must not land on a text layer.
 _KEY = re.compile(
-    r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(" + "|".join(PROJECTIONS) + r")\.lora_([AB])"
-    r"(?:\.default)?\.weight$"
+    r"(?:^|\.)(?:model|language_model)\.layers\.(\d+)\.(?:self_attn|mlp)\.("
+    + "|".join(PROJECTIONS)
+    + r")\.lora_([AB])(?:\.default)?\.weight$"
 )
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 
