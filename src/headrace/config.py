@@ -38,6 +38,11 @@ class ModelConfig:
     )
     max_model_len: int | None = _f(None, "cap on prompt + output tokens (default: model's)")
     num_threads: int | None = _f(None, "torch CPU threads (default: torch's choice)")
+    lora: tuple[str, ...] = _f(
+        (), "NAME=PATH: serve the PEFT LoRA adapter in directory PATH as model NAME over the "
+        "base model (repeatable; docs/lora.md)",
+    )  # fmt: skip
+    max_lora_rank: int = _f(64, "largest LoRA rank an adapter may have")
     engine_nice: int = _f(
         5,
         "niceness added to engine-core processes, so that the HTTP front end (refusals, "
@@ -55,6 +60,18 @@ class ModelConfig:
             raise ValueError("max_model_len must be positive")
         if not 0 <= self.engine_nice <= 19:
             raise ValueError("engine_nice must be in 0..19")
+        object.__setattr__(self, "lora", tuple(self.lora or ()))  # argparse appends to a list
+        if not 1 <= self.max_lora_rank <= 1024:
+            raise ValueError("max_lora_rank must be in 1..1024")
+        for item in self.lora:
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--lora {item!r}: expected NAME=PATH")
+
+    @property
+    def lora_paths(self) -> dict[str, str]:
+        """--lora NAME=PATH as {NAME: PATH}."""
+        return dict(item.partition("=")[::2] for item in self.lora)
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,7 @@ class SchedulerConfig:
     static_batch_size: int = _f(16, "static policy: requests per batch")
     static_wait_ms: float = _f(20.0, "static policy: longest wait to fill a batch, ms")
     max_preemptions: int = _f(8, "preemptions of one request for priority, at most (anti-thrash)")
+    max_loras: int = _f(4, "most LoRA adapters in one step; requests of more wait their turn")
 
     @property
     def seqs_limit(self) -> int:
@@ -125,6 +143,8 @@ class SchedulerConfig:
             raise ValueError("burst_batched_tokens must be positive")
         if self.num_speculative_tokens < 0 or self.speculative_max_seqs < 0:
             raise ValueError("num_speculative_tokens and speculative_max_seqs must be >= 0")
+        if self.max_loras < 1:
+            raise ValueError("max_loras must be positive")
         if self.policy not in ("continuous", "static"):
             raise ValueError(f"unknown scheduler policy {self.policy!r}")
 
@@ -397,6 +417,8 @@ def add_config_args(
         kwargs: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "")}
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+        elif str(f.type).startswith("tuple"):  # a repeatable flag
+            kwargs.update(action="append", type=str, default=None)
         else:
             kwargs["type"] = kind
         parser.add_argument(flag, dest=f.name, **kwargs)

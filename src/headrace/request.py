@@ -241,6 +241,7 @@ class Request:
     tenant: str = "default"
     weight: float = 1.0  # fair-share weight of the tenant within its priority
     cache_salt: str = ""  # requests share cached KV blocks only with requests of the same salt
+    lora_id: int = 0  # the runner's id of its LoRA adapter (0: the base model)
     arrival_time: float = field(default_factory=time.monotonic)
     deadline: float | None = None  # monotonic; past it the request ends with `timeout`
     queue_deadline: float | None = None  # monotonic; not started by then -> `overloaded`

@@ -94,3 +94,10 @@ def test_a_stream_longer_than_the_timeout_is_fine_while_bytes_keep_coming(stub_s
     url, _ = stub_server(token_delay=0.1)
     result = one(Target(url, timeout=0.3), RequestSpec(0, "a", 1, max_tokens=8))
     assert result.ok and result.output_tokens == 8 and result.e2e > 0.6
+
+
+def test_several_models_are_taken_in_turn() -> None:
+    target = Target("http://127.0.0.1:1", model="base,support,legal")
+    specs = [RequestSpec(index=i, prompt="p", prompt_words=1, max_tokens=2) for i in range(4)]
+    assert [target.payload(s)["model"] for s in specs] == ["base", "support", "legal", "base"]
+    assert Target("http://127.0.0.1:1", model="m").payload(specs[1])["model"] == "m"

@@ -69,6 +69,9 @@ api_key_sha256 = ["{hash_key("k2").upper()}"]
         ("weight: 2", "priority: 11", "tenants.carol.priority"),
         ("weight: 2", "cache_group: 7", "tenants.carol.cache_group"),
         ("weight: 2", "cache_group: ' '", "tenants.carol.cache_group"),
+        ("weight: 2", "adapters: support", "tenants.carol.adapters"),
+        ("weight: 2", "adapters: [support, 7]", "tenants.carol.adapters"),
+        ("weight: 2", "adapters: ['']", "tenants.carol.adapters"),
         (hash_key("bob-key"), "sk-plain-text-key", "tenants.bob.api_key_sha256[0]"),
         (hash_key("bob-key"), hash_key("acme-key"), "tenants.bob.api_key_sha256"),
         (f"[{hash_key('crunch-key')}]", "[]", "tenants.crunch.api_key_sha256"),
@@ -113,3 +116,15 @@ def test_cache_groups_set_the_prefix_cache_salt(tmp_path: Path, tenants_text: st
     assert by_name["carol"].cache_salt == "group:acme"
     # Without a group a tenant shares with nobody, not even a group named like it.
     assert by_name["acme"].cache_salt == "tenant:acme" != by_name["carol"].cache_salt
+
+
+def test_adapters_a_tenant_may_use(tmp_path: Path, tenants_text: str) -> None:
+    path = tmp_path / "tenants.yaml"
+    text = tenants_text.replace("weight: 2", "weight: 2\n    adapters: [support, legal]", 1)
+    path.write_text(text.replace("tier: batch", 'tier: batch\n    adapters: "*"', 1))
+    by_name = {t.name: t.tenant() for t in load_tenants(path).tenants}
+    carol, crunch, acme = by_name["carol"], by_name["crunch"], by_name["acme"]
+    assert carol.adapters == {"support", "legal"}
+    assert carol.may_use("legal") and not carol.may_use("other")
+    assert crunch.adapters is None and crunch.may_use("anything")  # "*"
+    assert acme.adapters == frozenset() and not acme.may_use("support")  # none by default

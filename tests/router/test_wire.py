@@ -24,7 +24,7 @@ def roundtrip(data: object) -> dict:  # through real JSON text, as on the wire
 def test_request_roundtrip() -> None:
     params = SamplingParams(max_tokens=7, temperature=0.5, top_k=3, seed=9, stop=("x", "yz"),
                             stop_token_ids=(2,), logprobs=2)  # fmt: skip
-    options = GenerateOptions(priority=0, tenant="acme", weight=2.0, timeout_s=3.5)
+    options = GenerateOptions(priority=0, tenant="acme", weight=2.0, timeout_s=3.5, lora="support")
     data = roundtrip(wire.request_json("r1", "m", [1, 5, 9], params, options))
     assert data["prompt_token_ids"] == [1, 5, 9]
     assert replica_schemas.params_from_json(data["params"]) == params

@@ -86,8 +86,9 @@ async def _admit(
     id_prefix: str,
     n: int,
 ) -> Job:
-    model, engine = state.engine_for(body.model)
-    state.gateway.check(tenant, model)
+    target = state.target(body.model, tenant)
+    model, engine = target.model, target.engine
+    state.gateway.check(tenant, target.base)
     ids = await encode(engine)
     if max_tokens is None:  # chat without a limit: the rest of the context
         max_tokens = max(engine.max_model_len - len(ids), 1)
@@ -98,13 +99,13 @@ async def _admit(
     eos_banned_for = 0 if body.ignore_eos else body.min_tokens or 0
     grammar = await grammar_for(body, state.grammars, eos_banned_for)
     params = sampling_params(body, max_tokens, logprobs, engine.tokenizer, grammar)
-    admission = state.gateway.admit(tenant, len(ids), n * max_tokens, model)
+    admission = state.gateway.admit(tenant, len(ids), n * max_tokens, target.base)
     arrival = arrival_time(request.scope)
     options = GenerateOptions(
         priority=tenant.priority, tenant=tenant.name, weight=tenant.weight,
         timeout_s=body.timeout or state.config.request_timeout_s,
         queue_timeout_s=tenant.queue_timeout_s, arrival_time=arrival,
-        cache_salt=tenant.cache_salt,
+        cache_salt=tenant.cache_salt, lora=target.lora,
     )  # fmt: skip
     rid = new_request_id(id_prefix)
     timer = RequestTimer(start=arrival)

@@ -18,7 +18,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
-from headrace.api import admin, chat, dashboard, generate, openai, replica_api, usage
+from headrace.api import (
+    admin,
+    chat,
+    dashboard,
+    generate,
+    lora_admin,
+    openai,
+    replica_api,
+    usage,
+)
 from headrace.api.arrival import ArrivalClock
 from headrace.api.early_refusal import EarlyRefusal
 from headrace.api.errors import install_error_handlers
@@ -66,6 +75,7 @@ def build_app(
     app.include_router(replica_api.router)  # /v1/stats and what a front end routing here uses
     app.include_router(dashboard.router)  # /dashboard, its files and the data it polls
     app.include_router(admin.router)  # /admin/reload
+    app.include_router(lora_admin.router)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
     app.include_router(usage.router)  # /v1/usage, /v1/audit
     app.add_api_route(
         "/health", health, methods=["GET"], responses={503: {"description": "not ready"}}

@@ -31,18 +31,27 @@ router = APIRouter()
 @router.get("/v1/models", response_model=ModelList, responses=error_responses(401))
 async def list_models(request: Request) -> dict[str, Any]:
     """Open on an open server; with tenants, a tenant's key or the admin key (as vLLM's
-    `--api-key`). The tenants file restricts no tenant to some models: each sees them all."""
+    `--api-key`). Each tenant sees every base model, and the LoRA adapters it may use (with
+    `parent`); the admin key sees every adapter."""
     state = app_state(request)
-    if state.gateway.access.tenants and not state.gateway.access.allows(
+    tenant = None  # the operator sees every adapter
+    if not state.gateway.access.tenants or not state.gateway.access.allows(
         Scope.STATS, request.headers
     ):
-        state.gateway.authenticate(request.headers)  # 401 without a tenant's key
+        tenant = state.gateway.authenticate(request.headers)  # 401 without a tenant's key
     now = int(time.time())
     data = [
         {"id": name, "object": "model", "created": now, "owned_by": "headrace",
          "max_model_len": engine.max_model_len}
         for name, engine in state.engines.items()
     ]  # fmt: skip
+    for name, base in state.visible_adapters(tenant).items():  # as vLLM lists LoRA modules
+        engine = state.engines.get(base)
+        if engine is not None:
+            data.append(
+                {"id": name, "object": "model", "created": now, "owned_by": "headrace",
+                 "max_model_len": engine.max_model_len, "parent": base}
+            )  # fmt: skip
     return {"object": "list", "data": data}
 
 

@@ -97,6 +97,7 @@ class WireOptions(BaseModel):
     queue_timeout_s: Seconds | None = None
     arrival_time: None = None
     cache_salt: Text | None = Field(default=None, max_length=256)
+    lora: Text | None = Field(default=None, max_length=128)  # an adapter the replica holds
 
     def generate_options(self, arrival_time: float | None = None) -> GenerateOptions:
         fields = self.model_dump()

@@ -250,6 +250,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "headrace"
     max_model_len: int
+    parent: str | None = None  # a LoRA adapter's base model
 
 
 class ModelList(BaseModel):

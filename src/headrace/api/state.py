@@ -14,7 +14,7 @@ from headrace.api.grammar_cache import GrammarCache
 from headrace.api.structured import grammar_cache
 from headrace.config import ServerConfig
 from headrace.engine.client import EngineClient
-from headrace.gateway.base import Gateway
+from headrace.gateway.base import Gateway, Tenant
 from headrace.gateway.reload import GatewayReloader
 from headrace.ledger.writer import Ledger
 from headrace.metrics.prometheus import Metrics
@@ -31,15 +31,38 @@ class AppState:
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
     reloader: GatewayReloader | None = None  # SIGHUP and POST /admin/reload
     grammars: GrammarCache = field(default_factory=grammar_cache)  # compiled, by source
+    adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapter -> its base model
+    lora_busy: set[str] = field(default_factory=set)  # adapters being loaded or unloaded
     ledger: Ledger | None = None  # usage and audit records (--no-ledger: None)
 
-    def engine_for(self, model: str | None) -> tuple[str, EngineClient]:
+    def target(self, model: str | None, tenant: Tenant) -> Target:
+        """What `model` names for `tenant`: a base model, or a LoRA adapter it may use (on its
+        base model's engine). An adapter of another tenant does not exist for this one: the
+        same 404, naming the same models, as for a name nobody serves."""
+        base = self.adapters.get(model) if model is not None else None
+        if model is None or base is None or not tenant.may_use(model):
+            name, engine = self.engine_for(model, tenant)
+            return Target(name, name, engine, None)
+        _, engine = self.engine_for(base, tenant)
+        return Target(model, base, engine, model)
+
+    def visible_adapters(self, tenant: Tenant | None) -> dict[str, str]:
+        """The adapters `tenant` may use (None: the operator, all of them) -> base model."""
+        return {
+            name: base
+            for name, base in self.adapters.items()
+            if tenant is None or tenant.may_use(name)
+        }
+
+    def engine_for(
+        self, model: str | None, tenant: Tenant | None = None
+    ) -> tuple[str, EngineClient]:
         """The engine serving `model`; no model means the first one."""
         self.check_accepting()
         model = model if model is not None else next(iter(self.engines))
         engine = self.engines.get(model)
         if engine is None:
-            known = ", ".join(self.engines)
+            known = ", ".join([*self.engines, *(self.visible_adapters(tenant) if tenant else ())])
             raise APIError(
                 404, f"model {model!r} does not exist; served: {known}",
                 param="model", code="model_not_found",
@@ -80,6 +103,16 @@ class AppState:
         if any(replicas.values()):
             body["replicas"] = replicas
         return (200 if ok else 503), body
+
+
+@dataclass(frozen=True)
+class Target:
+    """A request's model: the name it asked for, the base model, its engine, the adapter."""
+
+    model: str
+    base: str
+    engine: EngineClient
+    lora: str | None
 
 
 def _replicas(engine: EngineClient) -> list[dict[str, object]]:

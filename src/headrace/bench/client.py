@@ -44,8 +44,9 @@ class Target:
         }
         if self.top_p < 1.0:
             body["top_p"] = self.top_p
-        if self.model is not None:
-            body["model"] = self.model
+        if self.model is not None:  # a comma-separated list: request i takes name i mod n
+            names = self.model.split(",")
+            body["model"] = names[spec.index % len(names)]  # e.g. spread over LoRA adapters
         if self.api == "completions":
             body["stream_options"] = {"include_usage": True}
         if self.ignore_eos:

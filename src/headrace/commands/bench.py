@@ -32,7 +32,11 @@ def add_target_arguments(parser: argparse.ArgumentParser, with_url: bool = True)
         default="completions",
         help="/v1/completions (any OpenAI-compatible server) or Headrace's /v1/generate",
     )
-    g.add_argument("--model", help="model name to send (default: the first of /v1/models)")
+    g.add_argument(
+        "--model",
+        help="model name to send (default: the first of /v1/models); several, comma-separated, "
+        "are taken in turn (e.g. LoRA adapters over one base model)",
+    )
     g.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
     g.add_argument(
         "--no-ignore-eos",

@@ -47,6 +47,7 @@ from headrace.gateway.base import Gateway, OpenGateway
 from headrace.gateway.reload import GatewayReloader, ReloadResult
 from headrace.gateway.setup import connect_gateway, setup_gateway
 from headrace.ledger.setup import open_ledger
+from headrace.lora.adapter import check_name
 from headrace.metrics.tracing import otlp_tracer
 from headrace.router.deploy import ModelSpec, parse_model_specs, start_deployment
 from headrace.router.metrics import RouterMetrics
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         gateway, reloader = setup_gateway(config.gateway, os.environ)
         name, replicas = config.model.served_model_name, config.router.replicas
         specs = parse_model_specs(models, name, replicas, served_name)
+        check_lora_names(config.model.lora_paths, [s.name for s in specs])
     except ValueError as e:
         log.error("%s", e)
         return 2
@@ -156,6 +158,7 @@ def serve(
     app = build_app({}, gateway or OpenGateway(), server_cfg, loader=load, ledger=ledger)
     state = app.state.headrace
     state.reloader = reloader
+    state.adapters = {lora: specs[0].name for lora in model_cfg.lora_paths}
     connect_gateway(state.gateway, lambda: state.engines, state.metrics)
     state.metrics.add_collector(RouterMetrics(lambda: state.engines))
     if server_cfg.otlp_traces_endpoint is not None:
@@ -210,6 +213,16 @@ async def _tick(what: str, t0: float, every_s: float = 5.0) -> None:
     while True:
         await asyncio.sleep(every_s)
         log.info("... still loading %s (%.0f s)", what, time.monotonic() - t0)
+
+
+def check_lora_names(adapters: Mapping[str, str], models: list[str]) -> None:
+    """ValueError unless the --lora adapters go over one model, each under a name of its own."""
+    if adapters and len(models) > 1:
+        raise ValueError("--lora adapters go over one base model; several --model given")
+    for name in adapters:
+        check_name(name)  # the core would refuse it only after loading the model
+        if name in models:
+            raise ValueError(f"--lora {name}=...: the name is the base model's; pick another")
 
 
 def served_name(model: str | None) -> str:

@@ -24,6 +24,7 @@ from headrace.engine.core_connection import CoreConnection
 from headrace.engine.core_link import CoreBusyError
 from headrace.engine.core_loop import CoreSpec, QueueFactory, RunnerFactory
 from headrace.engine.limits import check_fits
+from headrace.engine.lora_commands import LoraCommands
 from headrace.engine.messages import (
     AbortRequests,
     CoreFailed,
@@ -31,6 +32,7 @@ from headrace.engine.messages import (
     CoreReady,
     EngineCoreRequest,
     FromCore,
+    LoraDone,
     RequestOutput,
     StepStats,
 )
@@ -65,6 +67,7 @@ class AsyncEngine:
         self._info: CoreReady | None = None
         self._tokenizer: Tokenizer | None = None
         self._ready: asyncio.Future[CoreReady] = asyncio.get_running_loop().create_future()
+        self._loras = LoraCommands(conn.send)
 
     @classmethod
     async def start(
@@ -221,6 +224,7 @@ class AsyncEngine:
             arrival_time=opts.arrival_time,
             cache_salt=opts.cache_salt,
             eos_token_ids=self.tokenizer.eos_token_ids,
+            lora_name=opts.lora,
         )
         core_request.validate()  # a bad option is the caller's error here, not the core's
         if self.failure is not None:
@@ -244,6 +248,13 @@ class AsyncEngine:
                 self._conn.send(AbortRequests([stream.core_id]))
             self._forget(stream)
 
+    async def lora_command(self, name: str, path: str | None) -> None:
+        """Load the adapter in directory `path` as `name` in the core, or unload `name`
+        (`path` None); ValueError with the core's reason when refused (nothing changed)."""
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
+        await self._loras.run(name, path)
+
     async def abort(self, request_id: str) -> None:
         """End a request; its iterator (if still read) gets a final `abort` chunk."""
         stream = self._streams.get(request_id)
@@ -264,6 +275,8 @@ class AsyncEngine:
             self._stats = msg.stats
             for out in msg.outputs:
                 self._route(out)
+        elif isinstance(msg, LoraDone):
+            self._loras.answer(msg)
         elif isinstance(msg, CoreReady):
             if not self._ready.done():
                 self._ready.set_result(msg)
@@ -291,6 +304,7 @@ class AsyncEngine:
         self._dead = reason
         if not self._ready.done():
             self._ready.set_exception(RuntimeError(reason))
+        self._loras.fail_all(reason)
         self._end_all(reason)
 
     def _end_all(self, reason: str) -> None:

@@ -58,6 +58,7 @@ class GenerateOptions:
     # Requests share cached prompt prefixes only within one salt (the gateway sets the
     # tenant's cache group); None: the tenant's name.
     cache_salt: str | None = None
+    lora: str | None = None  # the LoRA adapter to run the request with; None: the base model
 
     def __post_init__(self) -> None:
         # Checked here, not only at the HTTP edge: a weight of 0 or a NaN deadline would
@@ -68,6 +69,8 @@ class GenerateOptions:
             raise ValueError(f"tenant must be a string, got {self.tenant!r}")
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise ValueError(f"cache_salt must be a string or None, got {self.cache_salt!r}")
+        if self.lora is not None and not isinstance(self.lora, str):
+            raise ValueError(f"lora must be a string or None, got {self.lora!r}")
         if not _finite(self.weight) or self.weight <= 0:
             raise ValueError(f"weight must be a finite number > 0, got {self.weight!r}")
         for name in ("timeout_s", "queue_timeout_s"):

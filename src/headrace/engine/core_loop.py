@@ -19,6 +19,7 @@ from headrace.engine.messages import (
     CoreOutputs,
     EngineCoreRequest,
     FromCore,
+    LoraCommand,
     Shutdown,
     ToCore,
 )
@@ -77,6 +78,9 @@ def run_core_loop(
         for msg in recv(timeout):
             if isinstance(msg, Shutdown):
                 return
+            if isinstance(msg, LoraCommand):  # between steps: no forward sees it half-done
+                send(core.apply_lora(msg))
+                continue
             _handle(core, msg)
         now = time.monotonic()
         if core.has_work():

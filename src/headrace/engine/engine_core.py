@@ -13,9 +13,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import msgspec
+
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.block_manager import BlockManager
-from headrace.engine.messages import CoreReady, EngineCoreRequest, RequestOutput, StepStats
+from headrace.engine.lora_stats import lora_counts
+from headrace.engine.messages import (
+    CoreReady,
+    EngineCoreRequest,
+    LoraCommand,
+    LoraDone,
+    RequestOutput,
+    StepStats,
+)
 from headrace.engine.outputs import RunnerOutput, SchedulerOutput
 from headrace.engine.scheduler import Scheduler
 from headrace.engine.step_retry import execute_isolating_failures
@@ -68,6 +78,7 @@ class EngineCore:
         self.eos_token_ids = tuple(runner.eos_token_ids)
         self.last_stats = self.scheduler.stats()
         self.last_step_scheduled = False  # whether the last step ran the model at all
+        self.lora_tokens: dict[int, int] = {}  # adapter id -> tokens computed with it
 
     @classmethod
     def from_configs(
@@ -96,6 +107,8 @@ class EngineCore:
         # Deadlines count from the HTTP arrival when the front end stamped it (never later
         # than now, should the clocks disagree).
         start = now if r.arrival_time is None else min(r.arrival_time, now)
+        lora_id = self._lora_id(r.lora_name)
+        salt = r.tenant if r.cache_salt is None else r.cache_salt
         self.scheduler.add_request(
             Request(
                 request_id=r.request_id,
@@ -105,12 +118,51 @@ class EngineCore:
                 priority=r.priority,
                 tenant=r.tenant,
                 weight=r.weight,
-                cache_salt=r.tenant if r.cache_salt is None else r.cache_salt,
+                # Two adapters (or an adapter and the base) never share KV: the salt says which
+                cache_salt=salt if not lora_id else f"{salt}\x00lora:{lora_id}",
+                lora_id=lora_id,
                 arrival_time=start,
                 deadline=None if r.timeout_s is None else start + r.timeout_s,
                 queue_deadline=None if r.queue_timeout_s is None else start + r.queue_timeout_s,
             )
         )
+
+    def apply_lora(self, cmd: LoraCommand) -> LoraDone:
+        """Load or unload an adapter; an unloaded adapter's requests end with an error."""
+        loras = getattr(self.runner, "loras", None)
+        try:
+            if loras is None:
+                raise ValueError("this engine serves no LoRA adapters")
+            if cmd.path is not None:
+                loras.load(cmd.name, cmd.path)
+                return LoraDone(cmd.command_id)
+            lora_id = loras.id_of(cmd.name)
+            users = [r.request_id for r in self.scheduler.requests.values() if r.lora_id == lora_id]
+            loras.unload(cmd.name)
+            self.scheduler.fail(users, f"adapter {cmd.name!r} was unloaded")
+        except Exception as e:  # refused (ValueError) or broken: the adapters stay as they were
+            if not isinstance(e, ValueError):
+                log.exception("LoRA command on %s failed", cmd.name)
+            return LoraDone(cmd.command_id, str(e) if isinstance(e, ValueError) else repr(e))
+        return LoraDone(cmd.command_id)
+
+    def _with_loras(self, stats: StepStats) -> StepStats:
+        loras = getattr(self.runner, "loras", None)
+        if loras is None or not loras.ids:
+            return stats
+        names = {i: name for name, i in loras.ids.items()}
+        counts = lora_counts(self.scheduler.requests.values(), names, self.lora_tokens)
+        return msgspec.structs.replace(stats, lora_requests=counts)
+
+    def _lora_id(self, name: str | None) -> int:
+        """The runner's id of adapter `name` (0: the base); ValueError if it is not loaded."""
+        if name is None:
+            return 0
+        loras = getattr(self.runner, "loras", None)  # test runners hold no adapters
+        if loras is None:
+            raise ValueError(f"adapter {name!r}: this engine serves no LoRA adapters")
+        lora_id: int = loras.id_of(name)
+        return lora_id
 
     def _eos_for(self, r: EngineCoreRequest) -> tuple[int, ...]:
         if not r.eos_token_ids:
@@ -123,7 +175,7 @@ class EngineCore:
 
     def stats(self) -> StepStats:
         """The gauges now (between steps, e.g. while idle)."""
-        return self.scheduler.stats()
+        return self._with_loras(self.scheduler.stats())
 
     def ready_message(self, served_model_name: str | None = None) -> CoreReady:
         """What the front end learns of this core once its model is loaded."""
@@ -150,8 +202,13 @@ class EngineCore:
         result = RunnerOutput(sampled={})
         if not out.is_empty:
             result = execute_isolating_failures(self.runner.execute, out, self._fail_culprit)
+            for s in out.scheduled:
+                if s.lora_id:
+                    self.lora_tokens[s.lora_id] = self.lora_tokens.get(s.lora_id, 0) + len(
+                        s.token_ids
+                    )
         outputs = self._update(out, result)
-        self.last_stats = self.scheduler.stats(out, time.perf_counter() - start)
+        self.last_stats = self._with_loras(self.scheduler.stats(out, time.perf_counter() - start))
         self.last_step_scheduled = not out.is_empty
         return outputs, self.last_stats
 

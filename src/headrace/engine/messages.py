@@ -78,6 +78,9 @@ class StepStats(msgspec.Struct, frozen=True):
     # Speculative decoding: draft tokens checked by the model so far, and accepted.
     spec_draft_tokens_total: int = 0
     spec_accepted_tokens_total: int = 0
+    # Per LoRA adapter with requests or tokens: (name, running, waiting, tokens computed since
+    # the start), sorted by name.
+    lora_requests: tuple[tuple[str, int, int, int], ...] = ()
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -111,6 +114,7 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, tag="request", array_like=T
     # End-of-sequence tokens beside the model's own: the front end's tokenizer knows them
     # (its EOS and the chat format's turn end); the core never loads a tokenizer.
     eos_token_ids: tuple[int, ...] = ()
+    lora_name: str | None = None  # a LoRA adapter the core's runner holds; None: the base
 
     def validate(self) -> None:
         """ValueError for a field of the wrong type or range. A core thread gets the object
@@ -120,6 +124,8 @@ class EngineCoreRequest(msgspec.Struct, frozen=True, tag="request", array_like=T
             raise ValueError("request_id and tenant must be strings")
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise ValueError(f"cache_salt must be a string or None, got {self.cache_salt!r}")
+        if self.lora_name is not None and not isinstance(self.lora_name, str):
+            raise ValueError(f"lora_name must be a string or None, got {self.lora_name!r}")
         for name in ("prompt_token_ids", "eos_token_ids"):
             ids = getattr(self, name)
             if not isinstance(ids, list | tuple) or not all(type(t) is int and t >= 0 for t in ids):
@@ -147,6 +153,15 @@ class Shutdown(msgspec.Struct, frozen=True, tag="shutdown", array_like=True):
     pass
 
 
+class LoraCommand(msgspec.Struct, frozen=True, tag="lora", array_like=True):
+    """Load the LoRA adapter in directory `path` as `name` (the core reads the files itself),
+    or unload `name` (`path` None); answered by a `LoraDone` of the same `command_id`."""
+
+    command_id: str
+    name: str
+    path: str | None = None
+
+
 # -- core -> front end ------------------------------------------------------------------------
 
 
@@ -171,8 +186,13 @@ class CoreOutputs(msgspec.Struct, frozen=True, tag="outputs", array_like=True):
     stats: StepStats
 
 
-ToCore = EngineCoreRequest | AbortRequests | Shutdown
-FromCore = CoreReady | CoreFailed | CoreOutputs
+class LoraDone(msgspec.Struct, frozen=True, tag="lora_done", array_like=True):
+    command_id: str
+    error: str | None = None  # why the command was refused; nothing changed then
+
+
+ToCore = EngineCoreRequest | AbortRequests | Shutdown | LoraCommand
+FromCore = CoreReady | CoreFailed | CoreOutputs | LoraDone
 
 _encoder = msgspec.msgpack.Encoder()
 _to_core = msgspec.msgpack.Decoder(ToCore)

@@ -29,6 +29,7 @@ from headrace.kernels.paged_decode import supported as paged_decode_supported
 from headrace.loader.cache import resolve_model
 from headrace.loader.files import read_json
 from headrace.loader.hf import load_model
+from headrace.lora.manager import LoraManager
 from headrace.models.base import CausalLM
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,9 @@ class ModelRunner:
             extra_eos=generation_eos_ids(model_dir),
             deterministic=model_config.deterministic,
         )
+        self.loras.max_rank = model_config.max_lora_rank
+        for lora_name, lora_path in model_config.lora_paths.items():
+            self.loras.load(lora_name, lora_path)
 
     @classmethod
     def from_parts(
@@ -160,6 +164,7 @@ class ModelRunner:
             model.args, self.num_kv_blocks, self.block_size, self.dtype, self.device
         )
         self.sampler = Sampler()
+        self.loras = LoraManager(model)  # adapters, loaded by name (--lora, admin routes)
         self.poison_token = _poison_token_from_env()
         self.paged_kernel = paged_decode_supported(self.device, self.dtype)
         self.per_token_attention = deterministic and self.paged_kernel
@@ -201,6 +206,7 @@ class ModelRunner:
             paged_kernel=self.paged_kernel,
             per_token=self.per_token_attention,
         )
+        self.loras.set_rows(inputs.lora_segments)
         with torch.inference_mode():
             hidden = self.model(
                 inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta

@@ -39,6 +39,7 @@ class ScheduledRequest:
     # Speculative guesses at the tokens after the last one; they end token_ids, and the
     # runner returns its greedy pick after each (speculation.py).
     draft_token_ids: list[int] = field(default_factory=list)
+    lora_id: int = 0  # the runner's id of the request's LoRA adapter; 0: the base model
 
 
 @dataclass(frozen=True)

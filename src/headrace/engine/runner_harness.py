@@ -20,6 +20,7 @@ class HarnessSeq:
     params: SamplingParams
     max_new: int
     chunk: int | None  # prompt tokens per step (None: all at once)
+    lora_id: int = 0  # the runner's id of its LoRA adapter (0: the base model)
     output: list[int] = field(default_factory=list)
     num_computed: int = 0
     blocks: list[int] = field(default_factory=list)
@@ -46,8 +47,11 @@ class RunnerHarness:
         max_new: int,
         params: SamplingParams = GREEDY,
         chunk: int | None = None,
+        lora_id: int = 0,
     ) -> None:
-        self.seqs[request_id] = HarnessSeq(request_id, list(prompt), params, max_new, chunk)
+        self.seqs[request_id] = HarnessSeq(
+            request_id, list(prompt), params, max_new, chunk, lora_id
+        )
 
     def schedule(self, seq: HarnessSeq) -> ScheduledRequest:
         tokens = seq.tokens
@@ -65,6 +69,7 @@ class RunnerHarness:
             sample=end == len(tokens),
             params=seq.params,
             num_output_tokens=len(seq.output),
+            lora_id=seq.lora_id,
         )
 
     def step(self, only: list[str] | None = None) -> dict[str, int]:
@@ -91,11 +96,16 @@ class RunnerHarness:
 
 
 def greedy(
-    runner: ModelRunner, prompts: list[list[int]], max_new: int, chunk: int | None = None
+    runner: ModelRunner,
+    prompts: list[list[int]],
+    max_new: int,
+    chunk: int | None = None,
+    lora_ids: list[int] | None = None,
 ) -> list[list[int]]:
-    """Greedy continuations of all prompts, batched together."""
+    """Greedy continuations of all prompts, batched together (`lora_ids`: each prompt's
+    adapter, 0 for the base)."""
     harness = RunnerHarness(runner)
     for i, p in enumerate(prompts):
-        harness.add(str(i), p, max_new, chunk=chunk)
+        harness.add(str(i), p, max_new, chunk=chunk, lora_id=lora_ids[i] if lora_ids else 0)
     out = harness.run()
     return [out[str(i)] for i in range(len(prompts))]

@@ -217,10 +217,16 @@ class Scheduler:
 
     def _admit(self, budget: int, plan: dict[str, int], preempted: set[str], now: float) -> int:
         deferred: list[Request] = []  # waiting for a prefix that a running request computes
+        lora_full = False  # an adapter waits for a turn: later adapters' requests wait behind it
         while budget > 0:
             req = self.admission.next_candidate(self.queue, now)
             if req is None or req.request_id in preempted:
                 break
+            if req.lora_id and (lora_full or not self._lora_fits(req)):
+                lora_full = True  # no one overtakes it: its turn comes as adapters drain
+                self.queue.remove(req)
+                deferred.append(req)
+                continue
             hit = self.kv.match(req)
             if hit is None:  # a running request computes its next block: a hit soon
                 self.queue.remove(req)
@@ -251,6 +257,13 @@ class Scheduler:
         for req in deferred:
             self.queue.add(req)
         return budget
+
+    def _lora_fits(self, req: Request) -> bool:
+        """A request of a LoRA adapter runs only while at most `max_loras` adapters do."""
+        if not req.lora_id:
+            return True
+        active = {r.lora_id for r in self.running if r.lora_id}
+        return req.lora_id in active or len(active) < self.config.max_loras
 
     def _room_for(self, req: Request, n: int) -> bool:
         if len(self.running) >= self.config.seqs_limit:

@@ -8,7 +8,7 @@ computed here once and shared by all layers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -25,6 +25,8 @@ class StepInputs:
     sampled: list[ScheduledRequest]  # the requests behind sample_rows, same order
     # [D] int64: rows of the draft tokens, request after request in the order of `sampled`
     draft_rows: torch.Tensor | None = None
+    # (adapter id, first row, end row) of every request of a LoRA adapter (base rows omitted)
+    lora_segments: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def build_step_inputs(
@@ -54,11 +56,14 @@ def build_step_inputs(
     draft_rows: list[int] = []
     sampled: list[ScheduledRequest] = []
     prefills: list[PrefillChunk] = []
+    lora_segments: list[tuple[int, int, int]] = []
     for req in ordered:
         start = len(ids)
         n = len(req.token_ids)
         _check_blocks(req, block_size)
         ids.extend(req.token_ids)
+        if req.lora_id:
+            lora_segments.append((req.lora_id, start, start + n))
         for pos in range(req.start_pos, req.start_pos + n):
             positions.append(pos)
             slots.append(req.block_ids[pos // block_size] * block_size + pos % block_size)
@@ -85,6 +90,7 @@ def build_step_inputs(
         _tensor(sample_rows, device),
         sampled,
         _tensor(draft_rows, device) if draft_rows else None,
+        lora_segments,
     )
 
 

@@ -23,6 +23,7 @@ def scheduled_request(
         num_output_tokens=req.num_output_tokens,
         logits_inputs=logits_inputs(req) if sample else None,
         draft_token_ids=drafts,
+        lora_id=req.lora_id,
     )
 
 

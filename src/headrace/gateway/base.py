@@ -17,6 +17,11 @@ class Tenant:
     weight: float = 1.0
     queue_timeout_s: float | None = None
     cache_group: str | None = None  # tenants of one group share cached prompt prefixes
+    # LoRA adapters it may use, by name; None: every one (the open server's one tenant)
+    adapters: frozenset[str] | None = None
+
+    def may_use(self, adapter: str) -> bool:
+        return self.adapters is None or adapter in self.adapters
 
     @property
     def cache_salt(self) -> str:

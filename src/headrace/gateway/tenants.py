@@ -18,6 +18,8 @@ clear; make one with
         queue_timeout_s: 10
         cache_group: acme-shared       # optional: share cached prompt prefixes with the
                                        # other tenants of this group (default: with none)
+        adapters: [acme-support]       # optional: LoRA adapters it may use, or "*" for all
+                                       # (default: none; others are 404 as if absent)
 
 Every error names the file and the field (`tenants.yaml: tenants.acme.tier: ...`).
 """
@@ -45,6 +47,7 @@ _TENANT_FIELDS = {
     "weight",
     "queue_timeout_s",
     "cache_group",
+    "adapters",
 }
 
 
@@ -82,11 +85,12 @@ class TenantSpec:
     tokens_per_minute: int | None = None
     max_concurrent: int | None = None
     cache_group: str | None = None
+    adapters: frozenset[str] | None = frozenset()  # None: all ("*")
 
     def tenant(self) -> Tenant:
         return Tenant(
             self.name, self.tier, self.priority, self.weight, self.queue_timeout_s,
-            self.cache_group,
+            self.cache_group, self.adapters,
         )  # fmt: skip
 
 
@@ -193,6 +197,7 @@ class _Parser:
             tokens_per_minute=self.limit(f.get("tokens_per_minute"), f"{where}.tokens_per_minute"),
             max_concurrent=self.limit(f.get("max_concurrent"), f"{where}.max_concurrent"),
             cache_group=self.group(f.get("cache_group"), f"{where}.cache_group"),
+            adapters=self.adapters(f.get("adapters", []), f"{where}.adapters"),
         )
 
     def hashes(self, raw: object, where: str, allow_empty: bool = False) -> tuple[str, ...]:
@@ -233,6 +238,13 @@ class _Parser:
         if raw is not None and (not isinstance(raw, str) or not raw.strip()):
             raise self.fail(where, f"expected a non-empty string, got {raw!r}")
         return raw
+
+    def adapters(self, raw: object, where: str) -> frozenset[str] | None:
+        if raw == "*":
+            return None
+        if not isinstance(raw, list) or not all(isinstance(a, str) and a for a in raw):
+            raise self.fail(where, f'expected a list of adapter names or "*", got {raw!r}')
+        return frozenset(raw)
 
     def limit(self, raw: object, where: str) -> int | None:
         v = _int(raw)

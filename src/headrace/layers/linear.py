@@ -19,6 +19,7 @@ from torch import nn
 
 from headrace.kernels import bf16_linear
 from headrace.kernels.int8_linear import Int8Linear
+from headrace.layers.lora import LoraDelta
 
 log = logging.getLogger(__name__)
 PACK_BATCH_HINT = 32  # oneDNN picks the layout for about this many rows; any count works
@@ -97,6 +98,7 @@ class MergedLinear(nn.Module):
         self.small: torch.Tensor | None = None  # bf16_linear's layout, for decode-sized steps
         self.int8: Int8Linear | None = None
         self.row_invariant = False  # every 2-D step through bf16_linear (make_row_invariant)
+        self.lora: LoraDelta | None = None  # adapters' terms, where any adapter targets this
 
     def shard_slice(self, index: int) -> slice:
         start = sum(self.out_sizes[:index])
@@ -125,6 +127,10 @@ class MergedLinear(nn.Module):
         return self.row_invariant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, sum(out)]
+        y = self._base(x)
+        return y if self.lora is None else self.lora.add(x, y)
+
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8 is not None and x.dim() == 2 and x.shape[0] >= INT8_MIN_ROWS:
             return self.int8(x, self.bias, padded_rows(x.shape[0]))
         if self.small is not None and x.dim() == 2 and self._small_rows(x.shape[0]):

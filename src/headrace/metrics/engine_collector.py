@@ -61,8 +61,19 @@ class EngineCollector(Collector):
             (kind(PREFIX + name, help_text, labels=["model_name"]), field)
             for kind, name, help_text, field in ENGINE_SERIES
         ]
+        labels = ["model_name", "lora_name"]
+        running = GAUGE(PREFIX + "lora_requests_running", "Requests running per LoRA adapter.",
+                        labels=labels)  # fmt: skip
+        waiting = GAUGE(PREFIX + "lora_requests_waiting", "Requests waiting per LoRA adapter.",
+                        labels=labels)  # fmt: skip
+        tokens = COUNTER(PREFIX + "lora_tokens_computed", "Tokens computed per LoRA adapter.",
+                         labels=labels)  # fmt: skip
         for name, engine in list(self.engines().items()):
             stats = engine.stats()
             for family, field in families:
                 family.add_metric([name], getattr(stats, field))
-        return [family for family, _ in families]
+            for lora, n_running, n_waiting, n_tokens in stats.lora_requests:
+                running.add_metric([name, lora], n_running)
+                waiting.add_metric([name, lora], n_waiting)
+                tokens.add_metric([name, lora], n_tokens)
+        return [family for family, _ in families] + [running, waiting, tokens]

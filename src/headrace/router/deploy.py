@@ -34,6 +34,7 @@ from headrace.config import (
 from headrace.engine.client import EngineClient
 from headrace.router.autoscale_loop import AutoscaleLoop
 from headrace.router.autoscaler import Autoscaler
+from headrace.router.lora_changes import LoraChanges
 from headrace.router.remote import RemoteEngine
 from headrace.router.replica import Replica, Starter
 from headrace.router.replica_set import LocalReplicaSet
@@ -106,19 +107,23 @@ async def start_deployment(
         cache_cfg = dataclasses.replace(cache_cfg, gpu_memory_utilization=share)
     plans: list[tuple[str, str, str, Starter]] = []  # model, replica name, pool, starter
     starters: dict[str, Starter] = {}
+    changes = {spec.name: LoraChanges() for spec in specs}  # the routers' lora_changes
     for spec in specs:
         cfg = dataclasses.replace(
             model_cfg, model=spec.model, served_model_name=spec.name, num_threads=threads
         )
         # the autoscaler's replicas are never shared by name
-        starters[spec.name] = _starter(cfg, cache_cfg, sched_cfg, spec.name, router_cfg.ray_address)
+        starters[spec.name] = _starter(
+            cfg, cache_cfg, sched_cfg, spec.name, router_cfg.ray_address, None, changes[spec.name]
+        )
         names = [(f"{spec.name}/{i}", "main") for i in range(spec.replicas)]
         names += [(f"{spec.name}/long-{i}", "long") for i in range(long_n if spec.replicas else 0)]
         for name, pool in names:
             actor_name = name if router_cfg.ray_namespace is not None else None  # shared
             starter = _starter(
-                cfg, cache_cfg, sched_cfg, spec.name, router_cfg.ray_address, actor_name
-            )
+                cfg, cache_cfg, sched_cfg, spec.name, router_cfg.ray_address, actor_name,
+                changes[spec.name],
+            )  # fmt: skip
             plans.append((spec.name, name, pool, starter))
     started = await _gather([p[3]() for p in plans])
     replicas: dict[str, list[Replica]] = {s.name: [] for s in specs}
@@ -137,6 +142,7 @@ async def start_deployment(
         raise
     routers = {model: Router(model, reps, router_cfg) for model, reps in replicas.items()}
     for model, router in routers.items():
+        router.lora_changes = changes.get(model, router.lora_changes)
         if bounds is not None and model in starters and any(r.starter for r in router.replicas):
             _autoscale(router, starters[model], config.autoscale)
         router.start()
@@ -150,6 +156,7 @@ def _starter(
     name: str,
     ray_address: str | None = None,
     actor_name: str | None = None,
+    lora_changes: LoraChanges | None = None,
 ) -> Starter:
     if ray_address is not None:  # Ray is an optional extra: imported only when asked for
         from headrace.router.ray_cluster import ray_starter
@@ -160,7 +167,10 @@ def _starter(
     async def start() -> EngineClient:
         from headrace.engine.async_engine import AsyncEngine
 
-        return await AsyncEngine.start(model_cfg, cache_cfg, sched_cfg, served_model_name=name)
+        engine = await AsyncEngine.start(model_cfg, cache_cfg, sched_cfg, served_model_name=name)
+        if lora_changes is not None:  # a restart or a new replica: the adapters of its peers
+            await lora_changes.replay(engine)
+        return engine
 
     return start
 

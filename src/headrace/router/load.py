@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from headrace.engine.lora_stats import add_counts
 from headrace.engine.messages import StepStats
 
 SETTLE_REPORTS = 3
@@ -97,6 +98,7 @@ def sum_stats(stats: Iterable[StepStats]) -> StepStats:
         return stats[0]
     total: dict[str, Any] = {}
     by_priority: dict[int, tuple[int, int]] = {}
+    by_lora: dict[str, tuple[int, int, int]] = {}
     reported = False
     for s in stats:
         for f in msgspec.structs.fields(StepStats):
@@ -106,10 +108,13 @@ def sum_stats(stats: Iterable[StepStats]) -> StepStats:
                 for prio, count, work in value or ():
                     c, w = by_priority.get(prio, (0, 0))
                     by_priority[prio] = (c + count, w + work)
+            elif f.name == "lora_requests":
+                add_counts(by_lora, value)
             elif f.name == "step_duration":
                 total[f.name] = max(total.get(f.name, 0.0), value)
             else:
                 total[f.name] = total.get(f.name, 0) + value
+    total["lora_requests"] = tuple((name, *by_lora[name]) for name in sorted(by_lora))
     if reported:
         total["waiting_by_priority"] = tuple((p, *by_priority[p]) for p in sorted(by_priority))
     return StepStats(**total)

@@ -29,6 +29,7 @@ from headrace.request import FinishReason, SamplingParams
 from headrace.router.attempt import Attempt
 from headrace.router.deadlines import deadline_of, time_left_since
 from headrace.router.load import sum_stats
+from headrace.router.lora_changes import LoraChanges
 from headrace.router.policies import make_policy
 from headrace.router.prefix_index import prefix_hashes
 from headrace.router.replica import Replica
@@ -76,6 +77,8 @@ class Router:
         self.resumes = 0  # streams continued elsewhere after their replica failed mid-way
         self.tokens_delivered = 0  # output tokens sent to callers: the autoscaler's demand
         self.autoscaler: Autoscaling | None = None
+        # LoRA adapters changed at run time: replicas started later replay them (deploy.py)
+        self.lora_changes = LoraChanges()
         self._placed: dict[str, Replica] = {}  # request id -> the replica it is on now
         self._between: dict[str, bool] = {}  # resumed streams between replicas -> aborted
         self._closed = False
@@ -141,6 +144,7 @@ class Router:
         ids = list(prompt_token_ids)
         opts = options or GenerateOptions()
         salt = opts.tenant if opts.cache_salt is None else opts.cache_salt  # as the engine's
+        salt += "" if opts.lora is None else f"\x00lora:{opts.lora}"
         affinity = self.policy.uses_prefixes and len(self.replicas) > 1
         hashes = prefix_hashes(ids, salt) if affinity else []
         stream = ResumableStream(ids, params, self.config.max_resumes, self.tokenizer)

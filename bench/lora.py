@@ -1,0 +1,106 @@
+"""LoRA decode cost and load time, engine runner alone. Prints JSON.
+
+    .venv/bin/python bench/lora.py                      # Gemma 3 270M, 32 rows, rank 16
+    .venv/bin/python bench/lora.py --rows 32 --rank 16 --steps 20
+    .venv/bin/python bench/lora.py --model DIR --steps 2  # any HF directory (a smoke run)
+
+A decode step of `--rows` sequences (after a 64-token prompt each) is timed three ways, in
+turn within one process so that the ratios come from the same minutes of a noisy host:
+`plain` (no adapter), `one` (one adapter for every row) and `each` (a different adapter per
+row), every adapter of rank `--rank` on all seven projections (random weights written as a
+PEFT directory). The issue's targets: `each` <= 1.3x `plain`, `one` <= 1.2x. `load_ms` is the
+median time to read, check and install one adapter from disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from headrace.config import CacheConfig, ModelConfig
+from headrace.engine.model_runner import ModelRunner
+from headrace.engine.runner_harness import RunnerHarness
+from headrace.lora.manager import SITES
+
+PROMPT_LEN = 64
+
+
+def write_adapter(runner: ModelRunner, path: Path, rank: int, seed: int) -> None:
+    """A random PEFT adapter on every projection of every layer, in the model's shapes."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for layer in range(runner.model.args.num_layers):
+        for proj, (module, part) in SITES.items():
+            linear: Any = runner.model.get_submodule(f"model.layers.{layer}.{module}")
+            out, inp = linear.out_sizes[part], linear.in_features
+            key = f"base_model.model.model.layers.{layer}.{module.split('.')[0]}.{proj}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, inp, generator=gen) / inp**0.5
+            tensors[f"{key}.lora_B.weight"] = torch.randn(out, rank, generator=gen) / rank
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": list(SITES)}
+    (path / "adapter_config.json").write_text(json.dumps(config))
+
+
+def decode_ms(runner: ModelRunner, lora_ids: list[int], steps: int) -> float:
+    harness = RunnerHarness(runner)
+    gen = torch.Generator().manual_seed(0)
+    for i, lora_id in enumerate(lora_ids):
+        prompt = torch.randint(10, runner.vocab_size, (PROMPT_LEN,), generator=gen).tolist()
+        harness.add(str(i), prompt, steps + 2, lora_id=lora_id)
+    harness.step()  # prefill, untimed
+    harness.step()  # warm-up
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        harness.step()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    model = ModelConfig(model=args.model, dtype=args.dtype, max_lora_rank=max(args.rank, 1))
+    runner = ModelRunner(model, CacheConfig(num_kv_blocks=args.rows * 8 + 64, block_size=16))
+    loads = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.rows):
+            write_adapter(runner, Path(tmp) / str(i), args.rank, seed=i)
+            start = time.perf_counter()
+            runner.loras.load(f"a{i}", Path(tmp) / str(i))
+            loads.append(1000 * (time.perf_counter() - start))
+    ids = [runner.loras.ids[f"a{i}"] for i in range(args.rows)]
+    cases = {"plain": [0] * args.rows, "one": [ids[0]] * args.rows, "each": ids}
+    ms: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.rounds):  # alternating: the host's noise falls on all three alike
+        for name, lora_ids in cases.items():
+            ms[name].append(decode_ms(runner, lora_ids, args.steps))
+    best = {name: min(values) for name, values in ms.items()}
+    return {
+        "model": runner.model_name, "dtype": str(runner.dtype).removeprefix("torch."),
+        "rows": args.rows, "rank": args.rank, "step_ms": best,
+        "ratio_one": best["one"] / best["plain"], "ratio_each": best["each"] / best["plain"],
+        "load_ms": statistics.median(loads),
+    }  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="HF directory or GGUF (default: Gemma 3 270M)")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--rows", type=int, default=32)
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3)
+    print(json.dumps(run(p.parse_args()), indent=2))
+
+
+if __name__ == "__main__":
+    main()

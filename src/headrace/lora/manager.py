@@ -1,0 +1,132 @@
+"""The adapters a runner holds: loaded into every projection they target, by a load-unique id.
+
+Loading checks the whole adapter against the model before it changes anything, so a malformed
+or mismatched adapter leaves what is loaded as it was. Each load gets a new id (never reused):
+the prefix cache is salted with it, so even an adapter reloaded under the same name with other
+weights never meets KV computed by the old one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from headrace.layers.linear import MergedLinear
+from headrace.layers.lora import LoraBatch, LoraDelta, Rows
+from headrace.lora.adapter import LoraAdapter, LoraError, read_adapter
+from headrace.models.base import CausalLM
+
+log = logging.getLogger(__name__)
+# Hugging Face projection -> (our module under `model.layers.N`, its part of a merged matmul)
+SITES: dict[str, tuple[str, int]] = {
+    "q_proj": ("self_attn.qkv_proj", 0),
+    "k_proj": ("self_attn.qkv_proj", 1),
+    "v_proj": ("self_attn.qkv_proj", 2),
+    "o_proj": ("self_attn.o_proj", 0),
+    "gate_proj": ("mlp.gate_up_proj", 0),
+    "up_proj": ("mlp.gate_up_proj", 1),
+    "down_proj": ("mlp.down_proj", 0),
+}
+Segment = tuple[int, int, int]  # (adapter id, first row, one past the last row)
+Planned = list[tuple[MergedLinear, torch.Tensor, torch.Tensor]]
+
+
+class LoraManager:
+    def __init__(self, model: CausalLM, max_rank: int = 64) -> None:
+        self.model = model
+        self.max_rank = max_rank
+        self.batch = LoraBatch()
+        self.adapters: dict[str, LoraAdapter] = {}
+        self.ids: dict[str, int] = {}
+        self._next_id = 1  # 0 is the base model
+
+    def load(self, name: str, path: str | Path) -> int:
+        """Read, check and install an adapter; its id. LoraError: nothing changed."""
+        if name in self.ids:
+            raise LoraError(f"adapter {name!r} is already loaded")
+        adapter = read_adapter(name, path, self.max_rank)
+        planned = self._plan(adapter)
+        adapter_id, self._next_id = self._next_id, self._next_id + 1
+        for linear, a, b in planned:
+            if linear.lora is None:
+                linear.lora = LoraDelta(self.batch)
+            linear.lora.weights[adapter_id] = (a, b)
+        self.ids[name], self.adapters[name] = adapter_id, adapter
+        log.info("LoRA adapter %s: rank %d, %d projections", name, adapter.rank, len(planned))
+        return adapter_id
+
+    def unload(self, name: str) -> None:
+        adapter_id = self.ids.pop(name, None)
+        if adapter_id is None:
+            raise LoraError(f"adapter {name!r} is not loaded")
+        del self.adapters[name]
+        for module in self.model.modules():
+            if isinstance(module, MergedLinear) and module.lora is not None:
+                module.lora.weights.pop(adapter_id, None)
+
+    def id_of(self, name: str | None) -> int:
+        """0 for the base model (None); LoraError for an adapter not loaded."""
+        if name is None:
+            return 0
+        adapter_id = self.ids.get(name)
+        if adapter_id is None:
+            raise LoraError(f"adapter {name!r} is not loaded")
+        return adapter_id
+
+    def set_rows(self, segments: Sequence[Segment]) -> None:
+        """The next forward's rows per adapter (base rows are left out)."""
+        by_id: dict[int, list[tuple[int, int]]] = {}
+        known = set(self.ids.values())
+        for adapter_id, start, end in segments:
+            if adapter_id not in known:
+                raise LoraError(f"adapter id {adapter_id} is not loaded (unloaded meanwhile?)")
+            by_id.setdefault(adapter_id, []).append((start, end))
+        device = self.model.embed_weight.device
+        self.batch.groups = [(i, _rows(spans, device)) for i, spans in by_id.items()]
+
+    def _plan(self, adapter: LoraAdapter) -> Planned:
+        """Each targeted projection's A [in, R] and scaled B [R, out], checked against the
+        model: a layer or shape of another model is refused before anything is installed."""
+        parts: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        for (layer, proj), pair in adapter.weights.items():
+            if layer >= self.model.args.num_layers:
+                raise LoraError(
+                    f"adapter {adapter.name!r}: layer {layer} is past the model's "
+                    f"{self.model.args.num_layers} layers (an adapter of another model?)"
+                )
+            module, part = SITES[proj]
+            parts.setdefault(f"model.layers.{layer}.{module}", {})[part] = pair
+        return [self._stack(adapter, path, by_part) for path, by_part in parts.items()]
+
+    def _stack(
+        self, adapter: LoraAdapter, path: str, by_part: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[MergedLinear, torch.Tensor, torch.Tensor]:
+        linear = self.model.get_submodule(path)
+        assert isinstance(linear, MergedLinear)
+        a_parts, b_parts = [], []
+        for part, (a, b) in sorted(by_part.items()):
+            want_out = linear.out_sizes[part]
+            if a.shape[1] != linear.in_features or b.shape[0] != want_out:
+                raise LoraError(
+                    f"adapter {adapter.name!r}: {path} part {part}: A {tuple(a.shape)}, "
+                    f"B {tuple(b.shape)} do not fit [r, {linear.in_features}], "
+                    f"[{want_out}, r] (an adapter of another model?)"
+                )
+            full = torch.zeros(b.shape[1], sum(linear.out_sizes))  # [r, sum(out)]
+            full[:, linear.shard_slice(part)] = b.t() * adapter.scaling
+            a_parts.append(a.t())
+            b_parts.append(full)
+        weight = linear.weight
+        a_cat = torch.cat(a_parts, dim=1).to(weight.device, weight.dtype)  # [in, R]
+        b_cat = torch.cat(b_parts, dim=0).to(weight.device, weight.dtype)  # [R, sum(out)]
+        return linear, a_cat.contiguous(), b_cat.contiguous()
+
+
+def _rows(spans: list[tuple[int, int]], device: torch.device) -> Rows:
+    if len(spans) == 1:
+        return slice(*spans[0])
+    index = torch.cat([torch.arange(s, e, dtype=torch.int64) for s, e in spans])
+    return index.to(device)
