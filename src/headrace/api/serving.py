@@ -85,9 +85,12 @@ async def admit(
     logprobs: int | None = None,
     id_prefix: str = "gen",
     n: int = 1,
+    grammar: Callable[[], Awaitable[str | None]] | None = None,
 ) -> Job:
     """All the checks, cheapest first; `encode` tokenizes the prompt for the chosen engine.
-    `n` choices are admitted as one request whose output may be `n` times `max_tokens`."""
+    `n` choices are admitted as one request whose output may be `n` times `max_tokens`.
+    `grammar`: the request's grammar where a route makes its own (tools), instead of the
+    constraint fields'."""
     tenant = state.gateway.authenticate(request.headers)
     model, engine = state.engine_for(body.model)
     state.gateway.check(tenant, model)
@@ -99,8 +102,11 @@ async def admit(
     except DoesNotFit as e:
         raise bad_request(str(e), e.param) from e
     eos_banned_for = 0 if body.ignore_eos else body.min_tokens or 0
-    grammar = await grammar_for(body, state.grammars, eos_banned_for)
-    params = sampling_params(body, max_tokens, logprobs, engine.tokenizer, grammar)
+    if grammar is None:
+        constraint = await grammar_for(body, state.grammars, eos_banned_for)
+    else:
+        constraint = await grammar()
+    params = sampling_params(body, max_tokens, logprobs, engine.tokenizer, constraint)
     admission = state.gateway.admit(tenant, len(ids), n * max_tokens, model)
     arrival = arrival_time(request.scope)
     options = GenerateOptions(

@@ -18,8 +18,6 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "best_of": (1,),
     "echo": (False,),
     "suffix": ("",),
-    "tools": ([],),
-    "tool_choice": ("none", "auto"),
     "functions": ([],),
     "function_call": ("none", "auto"),
     "audio": (),
@@ -77,11 +75,8 @@ class CompletionExtras(_Common):
 
 
 class ChatExtras(_Common):
-    tools: Any = None
-    tool_choice: Any = None
-    functions: Any = None
+    functions: Any = None  # the deprecated forms of `tools` and `tool_choice`
     function_call: Any = None
-    parallel_tool_calls: Any = None  # meaningless without tools: ignored
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
