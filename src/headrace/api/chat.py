@@ -67,7 +67,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             reason = None
             if chunk.finished:
                 reason = tools.reason(chunk.index, str(chunk.finish_reason))
-            deltas = tools.deltas(chunk.index, chunk.text, chunk.finished) or [{}]
+            deltas = tools.deltas(chunk.index, chunk.text, chunk.finished)
+            if not (deltas or reason or lp):
+                return None  # held back (a call's head, a marker's beginning)
+            deltas = deltas or [{}]
             if reason is not None and tools.active and deltas[-1]:
                 deltas.append({})  # the finish reason on an event of its own, as OpenAI's
             last = len(deltas) - 1
