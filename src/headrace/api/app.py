@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
-from headrace.api import admin, chat, dashboard, generate, openai, replica_api
+from headrace.api import admin, chat, dashboard, generate, openai, replica_api, responses
 from headrace.api.arrival import ArrivalClock
 from headrace.api.early_refusal import EarlyRefusal
 from headrace.api.errors import install_error_handlers
@@ -55,7 +55,7 @@ def build_app(
     app.state.headrace = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
-    for module in (generate, openai, chat):
+    for module in (generate, openai, chat, responses):
         app.include_router(module.router)
     app.include_router(replica_api.router)  # /v1/stats and what a front end routing here uses
     app.include_router(dashboard.router)  # /dashboard, its files and the data it polls

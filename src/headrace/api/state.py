@@ -11,6 +11,7 @@ from fastapi import Request
 
 from headrace.api.errors import APIError
 from headrace.api.grammar_cache import GrammarCache
+from headrace.api.response_store import ResponseStore
 from headrace.api.structured import grammar_cache
 from headrace.config import ServerConfig
 from headrace.engine.client import EngineClient
@@ -30,6 +31,7 @@ class AppState:
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
     reloader: GatewayReloader | None = None  # SIGHUP and POST /admin/reload
     grammars: GrammarCache = field(default_factory=grammar_cache)  # compiled, by source
+    responses: ResponseStore = field(default_factory=ResponseStore)  # previous_response_id
 
     def engine_for(self, model: str | None) -> tuple[str, EngineClient]:
         """The engine serving `model`; no model means the first one."""

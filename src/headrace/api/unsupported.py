@@ -34,6 +34,13 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "chat_template_kwargs": ({},),
     "continue_final_message": (False,),
     "add_generation_prompt": (True,),
+    # /v1/responses
+    "reasoning": (),
+    "background": (False,),
+    "include": ([],),
+    "truncation": ("disabled",),
+    "conversation": (),
+    "max_tool_calls": (),
 }
 
 
@@ -86,3 +93,19 @@ class ChatExtras(_Common):
     chat_template_kwargs: Any = None
     continue_final_message: Any = None
     add_generation_prompt: Any = None
+
+
+class ResponsesExtras(_Unsupported):
+    """/v1/responses: what it does not implement yet, and what it accepts and ignores."""
+
+    reasoning: Any = None
+    background: Any = None
+    include: Any = None
+    truncation: Any = None
+    conversation: Any = None
+    max_tool_calls: Any = None
+    user: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
