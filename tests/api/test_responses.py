@@ -92,14 +92,16 @@ def test_required_tools_stream_equals_the_whole_response(server: Server) -> None
 
 
 def test_a_text_stream_cut_by_the_limit_ends_incomplete(server: Server) -> None:
-    with _sdk(server) as sdk:
-        with sdk.responses.stream(
+    with (
+        _sdk(server) as sdk,
+        sdk.responses.stream(
             model="tiny",
             input="Hello",
             max_output_tokens=10,
             temperature=0,
-        ) as stream:
-            events = list(stream)
+        ) as stream,
+    ):
+        events = list(stream)
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
     last = events[-1]
     # as OpenAI's: a response cut by max_output_tokens ends with response.incomplete
