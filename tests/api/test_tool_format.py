@@ -78,6 +78,24 @@ def test_the_grammar_allows_exactly_valid_calls(
     assert _accepts(grammar, text) is ok
 
 
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [('{"n": 3}', True), (PARIS, True), ("plain text", False), ('{"n": 3}' + PARIS, False),
+     ('{"n": "x"}', False)],
+)  # fmt: skip
+def test_auto_with_an_answer_schema_allows_that_json_or_calls(text: str, ok: bool) -> None:
+    answer = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    grammar = tool_grammar(tool_plan(_fields(tool_choice="auto")), grammar_cache(), answer)
+    assert grammar is not None and _accepts(grammar, text) is ok
+
+
+def test_with_calls_first_a_marker_inside_the_answer_is_text() -> None:
+    answer = '{"s": "<tool_call>"}'
+    parsed = parse_calls(answer, calls_first=True)
+    assert parsed.text == answer and not parsed.calls
+    assert [c.name for c in parse_calls(PARIS, calls_first=True).calls] == ["get_weather"]
+
+
 def test_tool_choice_none_has_no_grammar() -> None:
     assert tool_grammar(tool_plan(_fields(tool_choice="none")), grammar_cache()) is None
 

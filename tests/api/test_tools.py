@@ -202,7 +202,8 @@ def test_a_conversation_with_calls_and_results_goes_on(sdk: openai.OpenAI) -> No
             "type": "array"}}}]}, "tools.1.function.parameters"),
         ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name"),
         ({"tools": None, "tool_choice": "required"}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}, "tool_choice": "required"},
+        ({"guided_regex": "[a-z]+", "tool_choice": "required"}, "guided_regex"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}}},
          "response_format"),
         ({"functions": [{"name": "f"}]}, "functions"),
     ],
@@ -215,3 +216,17 @@ def test_tools_that_cannot_be_used_are_a_400_naming_the_field(
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_auto_with_a_response_format_answers_that_json_or_calls(server: Server, seed: int) -> None:
+    schema = SCHEMAS["add"]
+    fmt = {"type": "json_schema", "json_schema": {"name": "sum", "schema": schema}}
+    choice = _chat(server, response_format=fmt, temperature=1.0, seed=seed, max_tokens=600)
+    message = choice["message"]
+    if message.get("tool_calls"):
+        assert choice["finish_reason"] == "tool_calls" and message["content"] is None
+        _valid_calls(message["tool_calls"])
+    else:
+        assert choice["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(message["content"]), schema)

@@ -16,7 +16,7 @@ from typing import Any
 from headrace.api.errors import bad_request
 from headrace.api.schemas import ChatCompletionRequest
 from headrace.api.state import AppState
-from headrace.api.structured import constraint_fields, grammar_for
+from headrace.api.structured import canonical, constraint_fields, grammar_for
 from headrace.api.tool_grammar import ToolPlan, tool_grammar, tool_plan
 from headrace.api.tool_parser import Call, CallDelta, Delta, ToolCallParser, parse_calls
 from headrace.api.tool_prompt import Message, template_input
@@ -30,6 +30,7 @@ class ChatTools:
         self.state = state
         self.body = body
         self.plan: ToolPlan | None = None
+        self.calls_first = False  # a JSON answer or calls: calls only open the answer
         self._parsers: dict[int, ToolCallParser] = {}
 
     def prompt(self, tokenizer: Tokenizer) -> tuple[list[Message], list[dict[str, Any]] | None]:
@@ -43,13 +44,28 @@ class ChatTools:
         self.plan = plan = tool_plan(self.body)
         if not plan.constrained:
             return await grammar_for(self.body, self.state.grammars, self._eos_banned_for())
+        answer = self._answer_schema()
+        self.calls_first = answer is not None and plan.mode == "auto"
+        return await asyncio.to_thread(tool_grammar, plan, self.state.grammars, answer)
+
+    def _answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema of `response_format` (what a plain answer under `auto` follows; under
+        `required` the answer is calls only); any other constraint field is a 400."""
         fields = constraint_fields(self.body)
-        if fields:
+        fmt = self.body.response_format
+        if fields and fields != ["response_format"]:
+            field = next(f for f in fields if f != "response_format")
             raise bad_request(
-                f"`{fields[0]}` cannot be combined with tool calls; leave it out or set "
-                "tool_choice `none`", fields[0],
+                f"`{field}` cannot be combined with tool calls; use response_format, or set "
+                "tool_choice `none`", field,
             )  # fmt: skip
-        return await asyncio.to_thread(tool_grammar, plan, self.state.grammars)
+        if fmt is None or fmt.type == "text":
+            return None
+        schema = fmt.json_schema.json_schema if fmt.json_schema is not None else {}
+        _, error = self.state.grammars.get("json", canonical(schema))
+        if error:
+            raise bad_request(f"`response_format` cannot be used: {error}", "response_format")
+        return schema or {"type": "object"}
 
     @property
     def active(self) -> bool:
@@ -60,7 +76,7 @@ class ChatTools:
         """The whole answer's message and finish reason."""
         if not self.active:
             return {"role": "assistant", "content": text}, reason
-        parsed = parse_calls(text)
+        parsed = parse_calls(text, self.calls_first)
         message: dict[str, Any] = {"role": "assistant", "content": parsed.text or None}
         if parsed.calls:
             message["tool_calls"] = [_call(c) for c in parsed.calls]
@@ -70,7 +86,7 @@ class ChatTools:
         """The `delta` objects of a streamed choice's new text."""
         if not self.active:
             return [{"content": text}] if text else []
-        parser = self._parsers.setdefault(index, ToolCallParser())
+        parser = self._parsers.setdefault(index, ToolCallParser(self.calls_first))
         pieces = parser.feed(text) + (parser.finish() if finished else [])
         return [_delta(p) for p in pieces]
 

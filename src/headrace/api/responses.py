@@ -57,7 +57,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         e.param = responses_param(e.param)
         raise
     run = Choices(state, job, 1)
-    out = ResponseOutput(tools.active)
+    out = ResponseOutput(tools.active, tools.calls_first)
     answer = _Answer(state, body, job, run, out, tenant, conversation)
     if body.stream:
         first = await start_stream(state, request, run)

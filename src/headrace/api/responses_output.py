@@ -26,8 +26,8 @@ def item_id(prefix: str) -> str:
 
 
 class ResponseOutput:
-    def __init__(self, tools_active: bool) -> None:
-        self.parser = ToolCallParser() if tools_active else None
+    def __init__(self, tools_active: bool, calls_first: bool = False) -> None:
+        self.parser = ToolCallParser(calls_first) if tools_active else None
         self.items: list[dict[str, Any]] = []  # complete output items, in order
         self.text = ""  # the message's text
         self.calls: list[dict[str, Any]] = []  # chat-shaped calls, for the stored history

@@ -62,22 +62,30 @@ def tool_plan(fields: ToolFields) -> ToolPlan:
     return ToolPlan(named, "required", False)
 
 
-def tool_grammar(plan: ToolPlan, cache: GrammarCache) -> str | None:
+def tool_grammar(
+    plan: ToolPlan, cache: GrammarCache, answer: dict[str, Any] | None = None
+) -> str | None:
     """The plan's grammar (None under `none`); 400 naming the field of a schema that cannot be
-    used. Runs in a worker thread: a schema takes milliseconds to compile."""
+    used. `answer`: the JSON schema a plain answer must follow under `auto` (a response format:
+    the answer is then that JSON, or calls from its first token on). Runs in a worker thread: a
+    schema takes milliseconds to compile."""
     if not plan.constrained:
         return None
     rules = [_call_rule(i, t, cache) for i, t in enumerate(plan.tools)]
     again = json.dumps(SEPARATOR + CALL_OPEN)
     more = f" ({again} call){{0,{MAX_CALLS - 1}}}" if plan.parallel else ""
-    start = "TEXT | head calls" if plan.mode == "auto" else f"{json.dumps(CALL_OPEN)} calls"
+    calls_only = f"{json.dumps(CALL_OPEN)} calls"
+    start = "TEXT | head calls" if plan.mode == "auto" else calls_only
+    if plan.mode == "auto" and answer is not None:
+        start = f"answer | {calls_only}"
+        rules.append(f"answer: %json {json.dumps({**answer, 'x-guidance': JSON_OPTIONS})}")
     lark = "\n".join([
         "%llguidance {}",
         f"start: {start}",
         r"TEXT: /(.|\n)*/",
         f"head[lazy]: TEXT {json.dumps(CALL_OPEN)}",
         f"calls: call{more}",
-        "call: " + " | ".join(f"call_{i}" for i in range(len(rules))),
+        "call: " + " | ".join(f"call_{i}" for i in range(len(plan.tools))),
         *rules,
     ])  # fmt: skip
     grammar, error = cache.get("lark", lark)

@@ -70,6 +70,10 @@ class _JsonEnd:
 
 @dataclass
 class ToolCallParser:
+    """`calls_first`: calls may only open the answer (an answer under a JSON response format is
+    that JSON from its first character, and may hold the marker inside a string)."""
+
+    calls_first: bool = False
     calls: list[Call] = field(default_factory=list)  # complete calls, in order
     _state: str = "text"  # text, head, args, tail or between
     _buf: str = ""
@@ -105,6 +109,12 @@ class ToolCallParser:
         }[self._state](out)  # fmt: skip
 
     def _in_text(self, out: list[Delta]) -> bool:
+        if self.calls_first and (self.text or self.calls or not CALL_OPEN.startswith(
+            self._buf[: len(CALL_OPEN)]
+        )):  # fmt: skip
+            self._text(out, self._buf)  # the answer is text: no call can follow
+            self._buf = ""
+            return False
         at = self._buf.find(CALL_OPEN)
         if at >= 0:
             self._text(out, self._buf[:at])
@@ -176,9 +186,9 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def parse_calls(text: str) -> ToolCallParser:
+def parse_calls(text: str, calls_first: bool = False) -> ToolCallParser:
     """A whole answer's text and calls (non-streaming)."""
-    parser = ToolCallParser()
+    parser = ToolCallParser(calls_first)
     parser.feed(text)
     parser.finish()
     return parser
