@@ -63,6 +63,14 @@ def test_chat_reads_text_and_calls_whole_and_streamed() -> None:
 
 
 @covers("POST /v1/chat/completions")
+def test_a_lone_call_completed_by_the_last_chunk_ends_with_tool_calls() -> None:
+    written = call_text("get_weather", '{"city": "Oslo"}')
+    engine = script_engine(text_chunks([written[:-4], written[-4:]], FinishReason.STOP))
+    got = events(request(engine, "POST", "/v1/chat/completions", json=_chat(stream=True)))
+    assert got[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+@covers("POST /v1/chat/completions")
 def test_tool_choice_none_sends_no_grammar_and_answers_text() -> None:
     engine = _engine()
     answer = request(engine, "POST", "/v1/chat/completions", json=_chat(tool_choice="none"))

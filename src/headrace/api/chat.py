@@ -64,10 +64,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             if not (chunk.text or chunk.finished or chunk.logprobs):
                 return None
             lp = chat_logprobs(tok, chunk.logprobs) if logprobs is not None else None
-            reason = None
+            deltas = tools.deltas(chunk.index, chunk.text, chunk.finished)
+            reason = None  # after the deltas: the last call may complete in this chunk
             if chunk.finished:
                 reason = tools.reason(chunk.index, str(chunk.finish_reason))
-            deltas = tools.deltas(chunk.index, chunk.text, chunk.finished)
             if not (deltas or reason or lp):
                 return None  # held back (a call's head, a marker's beginning)
             deltas = deltas or [{}]
