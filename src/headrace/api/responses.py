@@ -121,8 +121,7 @@ class _Answer:
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id, "store": body.store,
             "temperature": self.job.params.temperature, "top_p": self.job.params.top_p,
-            "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)
-                     if body.text and body.text.format else {"type": "text"}},
+            "text": {"format": _format(body)},
             "tool_choice": _tool_choice(body), "tools": [t.model_dump() for t in body.tools or ()],
             "truncation": "disabled", "usage": None, "metadata": body.metadata or {},
         }  # fmt: skip
@@ -148,6 +147,13 @@ class _Answer:
             answer = output_message(self.out.text, self.out.calls)
             self.state.responses.put(self.tenant, self.job.request_id, [*self.conversation, answer])
         return final
+
+
+def _format(body: ResponsesRequest) -> dict[str, Any]:
+    fmt = body.text.format if body.text else None
+    if fmt is None or fmt.type != "json_schema":
+        return {"type": fmt.type if fmt else "text"}
+    return fmt.model_dump(by_alias=True, exclude_none=True)
 
 
 def _tool_choice(body: ResponsesRequest) -> Any:
