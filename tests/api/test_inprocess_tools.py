@@ -103,3 +103,29 @@ def test_responses_output_items_streamed_and_stored() -> None:
     final = got[-1]["response"]
     assert [o["type"] for o in final["output"]] == [o["type"] for o in whole["output"]]
     assert after.status_code == 200, after.text
+
+
+@covers("POST /v1/responses")
+def test_a_call_cut_by_the_limit_is_closed_incomplete_and_left_out() -> None:
+    cut = WRITTEN[: len(WRITTEN) - 8]  # the second call's arguments are not closed
+    engine = script_engine(text_chunks([cut[:40], cut[40:]]), max_model_len=4096)
+    body = {"input": "weather?", "tools": FLAT, "stream": True}
+    got = events(request(engine, "POST", "/v1/responses", json=body))
+    final = got[-1]
+    assert final["type"] == "response.incomplete"
+    assert final["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [o["type"] for o in final["response"]["output"]] == ["message", "function_call"]
+    done = [e["item"] for e in got if e["type"] == "response.output_item.done"]
+    assert [d["status"] for d in done] == ["completed", "completed", "incomplete"]
+
+
+@covers("POST /v1/chat/completions")
+def test_n_choices_each_read_their_own_calls() -> None:
+    engine = _engine()
+    answer = request(engine, "POST", "/v1/chat/completions", json=_chat(n=2, seed=1)).json()
+    assert [len(c["message"]["tool_calls"]) for c in answer["choices"]] == [2, 2]
+    got = events(request(_engine(), "POST", "/v1/chat/completions", json=_chat(n=2, stream=True)))
+    for index in (0, 1):
+        parts = [t for e in got for c in e["choices"] if c["index"] == index
+                 for t in c["delta"].get("tool_calls", [])]  # fmt: skip
+        assert "".join(p["function"]["arguments"] for p in parts if p["index"] == 1) == ARGS[1]
