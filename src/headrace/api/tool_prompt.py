@@ -49,7 +49,9 @@ def _native(messages: list[ChatMessage]) -> list[Message]:
             ]  # fmt: skip
         if m.role == "tool":
             msg["tool_call_id"] = m.tool_call_id
-            msg["name"] = m.name or names.get(m.tool_call_id or "")
+            name = m.name or names.get(m.tool_call_id or "")
+            if name is not None:  # templates print what they are given, "None" included
+                msg["name"] = name
         out.append(msg)
     return out
 
