@@ -129,3 +129,24 @@ def test_n_choices_each_read_their_own_calls() -> None:
         parts = [t for e in got for c in e["choices"] if c["index"] == index
                  for t in c["delta"].get("tool_calls", [])]  # fmt: skip
         assert "".join(p["function"]["arguments"] for p in parts if p["index"] == 1) == ARGS[1]
+
+
+@covers(
+    "POST /v1/responses", "GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}"
+)
+def test_a_stored_response_is_retrieved_and_deleted() -> None:
+    app = make_app(_engine())
+
+    async def work(client: httpx.AsyncClient) -> list[httpx.Response]:
+        made = (await client.post("/v1/responses", json={"input": "hi", "tools": FLAT})).json()
+        unstored = await client.post("/v1/responses", json={"input": "hi", "store": False})
+        path = "/v1/responses/" + made["id"]
+        return [
+            await client.get(path), await client.delete(path), await client.get(path),
+            await client.delete(path), await client.get("/v1/responses/" + unstored.json()["id"]),
+        ]  # fmt: skip
+
+    got, deleted, gone, again, unstored = session(app, work)
+    assert got.status_code == 200 and got.json()["output"][1]["type"] == "function_call"
+    assert deleted.json() == {"id": got.json()["id"], "object": "response", "deleted": True}
+    assert [r.status_code for r in (gone, again, unstored)] == [404, 404, 404]

@@ -138,6 +138,13 @@ def test_a_tenant_never_reads_another_tenants_response(server: Server) -> None:
     )  # fmt: skip
     assert r.status_code == 404, r.text
     assert r.json()["error"]["param"] == "previous_response_id"
+    with _sdk(server, BOB) as bob:
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(mine.id)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.delete(mine.id)
+    with _sdk(server, ALICE) as alice:
+        assert alice.responses.retrieve(mine.id).id == mine.id  # bob could not delete it
     unauthenticated = httpx.post(server.url + "/v1/responses", json={"input": "x"}, timeout=60)
     assert unauthenticated.status_code == 401
 

@@ -28,6 +28,7 @@ class StoredResponse:
     messages: list[dict[str, Any]]  # the whole conversation, as chat messages
     stored_at: float
     nbytes: int = 0
+    response: dict[str, Any] | None = None  # the response object, for GET /v1/responses/{id}
 
 
 class _Kept(OrderedDict[str, StoredResponse]):
@@ -64,14 +65,20 @@ class ResponseStore:
         self._by_tenant: dict[str, _Kept] = {}
         self._lock = threading.Lock()
 
-    def put(self, tenant: str, response_id: str, messages: list[dict[str, Any]]) -> None:
+    def put(
+        self,
+        tenant: str,
+        response_id: str,
+        messages: list[dict[str, Any]],
+        response: dict[str, Any] | None = None,
+    ) -> None:
         """Keep a conversation; one larger than a tenant's whole share is not kept."""
-        nbytes = len(json.dumps(messages, ensure_ascii=False))
+        nbytes = len(json.dumps([messages, response], ensure_ascii=False))
         if nbytes > self.max_bytes_per_tenant:
             return
         with self._lock:
             kept = self._by_tenant.setdefault(tenant, _Kept())
-            kept.add(response_id, StoredResponse(messages, self._clock(), nbytes))
+            kept.add(response_id, StoredResponse(messages, self._clock(), nbytes, response))
             self._expire(kept)
             while len(kept) > self.max_per_tenant or kept.nbytes > self.max_bytes_per_tenant:
                 kept.pop_oldest()
@@ -83,6 +90,15 @@ class ResponseStore:
                 return None
             self._expire(kept)
             return kept.get(response_id)
+
+    def delete(self, tenant: str, response_id: str) -> bool:
+        """Forget a response; False if the tenant has none by that id."""
+        with self._lock:
+            kept = self._by_tenant.get(tenant)
+            if kept is None or response_id not in kept:
+                return False
+            kept.pop_id(response_id)
+            return True
 
     def __len__(self) -> int:
         return sum(len(k) for k in self._by_tenant.values())

@@ -19,6 +19,7 @@ from headrace.api.chat_tools import ChatTools
 from headrace.api.choices import Choices
 from headrace.api.errors import APIError
 from headrace.api.prompts import encode_chat
+from headrace.api.response_store import StoredResponse
 from headrace.api.responses_input import (
     Message,
     chat_request,
@@ -32,6 +33,7 @@ from headrace.api.schemas import error_responses
 from headrace.api.serving import Job, admit, run_to_end, start_stream, stream_run
 from headrace.api.sse import SSEResponse, encode_typed_event
 from headrace.api.state import AppState, app_state
+from headrace.api.text import printable
 from headrace.engine.client import EngineClient, GenerationChunk
 
 router = APIRouter()
@@ -81,16 +83,42 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     return JSONResponse(answer.finish(), headers=job.admission.headers)
 
 
+@router.get("/v1/responses/{response_id}", responses=error_responses(401, 404))
+async def get_response(response_id: str, request: Request) -> dict[str, Any]:
+    """A stored response (`store`), the caller's own only."""
+    state = app_state(request)
+    stored = _stored(state, state.gateway.authenticate(request.headers).name, response_id)
+    return stored.response or {}
+
+
+@router.delete("/v1/responses/{response_id}", responses=error_responses(401, 404))
+async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
+    state = app_state(request)
+    if not state.responses.delete(state.gateway.authenticate(request.headers).name, response_id):
+        raise _not_found(response_id, None)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
 def _previous(state: AppState, tenant: str, response_id: str | None) -> list[Message]:
     if response_id is None:
         return []
+    return list(_stored(state, tenant, response_id, "previous_response_id").messages)
+
+
+def _stored(
+    state: AppState, tenant: str, response_id: str, param: str | None = None
+) -> StoredResponse:
     stored = state.responses.get(tenant, response_id)
     if stored is None:  # unknown, expired, or another tenant's: the same answer
-        raise APIError(
-            404, f"no stored response {response_id!r}", param="previous_response_id",
-            code="previous_response_not_found",
-        )  # fmt: skip
-    return list(stored.messages)
+        raise _not_found(response_id, param)
+    return stored
+
+
+def _not_found(response_id: str, param: str | None) -> APIError:
+    return APIError(
+        404, f"no stored response {printable(response_id)!r}", param=param,
+        code="response_not_found",
+    )  # fmt: skip
 
 
 class _Answer:
@@ -145,7 +173,8 @@ class _Answer:
         }
         if self.body.store:
             answer = output_message(self.out.text, self.out.calls)
-            self.state.responses.put(self.tenant, self.job.request_id, [*self.conversation, answer])
+            conversation = [*self.conversation, answer]
+            self.state.responses.put(self.tenant, self.job.request_id, conversation, final)
         return final
 
 
