@@ -24,7 +24,8 @@ tenants:
 """
 EXAMPLES = 15
 EVERY_ROUTE = {
-    "POST /v1/generate", "POST /v1/completions", "POST /v1/chat/completions",
+    "POST /v1/generate", "POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses",
+    "GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}",
     "GET /v1/models", "GET /health", "GET /v1/stats", "POST /v1/replica/generate",
     "POST /v1/replica/abort", "GET /v1/replica/tokenizer", "GET /v1/usage", "GET /v1/audit",
 }  # fmt: skip

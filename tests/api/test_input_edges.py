@@ -35,8 +35,8 @@ UNSUPPORTED: list[tuple[str, str, Any]] = [
     ("/v1/completions", "length_penalty", 0.5),
     ("/v1/completions", "echo", True),
     ("/v1/completions", "suffix", "end"),
-    ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("/v1/chat/completions", "tool_choice", "required"),
+    ("/v1/chat/completions", "functions", [{"name": "f"}]),  # tools' deprecated form
+    ("/v1/chat/completions", "function_call", {"name": "f"}),
     ("/v1/chat/completions", "some_unknown_field", 1),
     ("/v1/completions", "some_unknown_field", "x"),
 ]

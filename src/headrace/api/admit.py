@@ -52,6 +52,9 @@ def sampling_params(
         raise bad_request(str(e)) from e
 
 
+Grammar = Callable[[], Awaitable[str | None]]
+
+
 async def admit(
     state: AppState,
     request: Request,
@@ -62,12 +65,17 @@ async def admit(
     logprobs: int | None = None,
     id_prefix: str = "gen",
     n: int = 1,
+    grammar: Grammar | None = None,
 ) -> Job:
     """All the checks, cheapest first; `encode` tokenizes the prompt for the chosen engine.
-    `n` choices are admitted as one request whose output may be `n` times `max_tokens`. A
-    known tenant's refusal goes to the ledger (an unknown caller's does not: it could fill it)."""
+    `n` choices are admitted as one request whose output may be `n` times `max_tokens`.
+    `grammar`: the request's grammar where a route makes its own (tools), instead of the
+    constraint fields'. A known tenant's refusal goes to the ledger (an unknown caller's does
+    not: it could fill it)."""
     tenant = state.gateway.authenticate(request.headers)
-    admitting = _admit(state, request, tenant, body, encode, max_tokens, logprobs, id_prefix, n)
+    admitting = _admit(
+        state, request, tenant, body, encode, max_tokens, logprobs, id_prefix, n, grammar
+    )
     try:
         return await admitting
     except (APIError, GatewayError) as e:
@@ -85,6 +93,7 @@ async def _admit(
     logprobs: int | None,
     id_prefix: str,
     n: int,
+    grammar: Grammar | None,
 ) -> Job:
     target = state.target(body.model, tenant)
     model, engine = target.model, target.engine
@@ -97,8 +106,11 @@ async def _admit(
     except DoesNotFit as e:
         raise bad_request(str(e), e.param) from e
     eos_banned_for = 0 if body.ignore_eos else body.min_tokens or 0
-    grammar = await grammar_for(body, state.grammars, eos_banned_for)
-    params = sampling_params(body, max_tokens, logprobs, engine.tokenizer, grammar)
+    if grammar is None:
+        constraint = await grammar_for(body, state.grammars, eos_banned_for)
+    else:
+        constraint = await grammar()
+    params = sampling_params(body, max_tokens, logprobs, engine.tokenizer, constraint)
     admission = state.gateway.admit(tenant, len(ids), n * max_tokens, target.base)
     arrival = arrival_time(request.scope)
     options = GenerateOptions(

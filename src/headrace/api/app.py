@@ -26,6 +26,7 @@ from headrace.api import (
     lora_admin,
     openai,
     replica_api,
+    responses,
     usage,
 )
 from headrace.api.arrival import ArrivalClock
@@ -70,7 +71,7 @@ def build_app(
     app.state.headrace = state
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
-    for module in (generate, openai, chat):
+    for module in (generate, openai, chat, responses):
         app.include_router(module.router)
     app.include_router(replica_api.router)  # /v1/stats and what a front end routing here uses
     app.include_router(dashboard.router)  # /dashboard, its files and the data it polls

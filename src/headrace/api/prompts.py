@@ -34,22 +34,33 @@ def check_token_ids(tokenizer: Tokenizer, ids: Sequence[int]) -> list[int]:
     return list(ids)
 
 
-async def encode_chat(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """The conversation rendered with the model's chat template, ready for the assistant.
-    Large conversations render in a thread; the body size limit bounds that work."""
+async def encode_chat(
+    tokenizer: Tokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
+    """The conversation rendered with the model's chat template, ready for the assistant
+    (`tools`: the template's own tool format). Large conversations render in a thread; the body
+    size limit bounds that work."""
     if len(messages) > MAX_CHAT_MESSAGES:
         raise bad_request(
             f"messages has {len(messages)} entries; at most {MAX_CHAT_MESSAGES} are accepted",
             "messages",
         )
-    size = sum(len(m["content"]) + MESSAGE_CHARS for m in messages)
-    ids: list[int] = await _maybe_in_thread(size, _render_and_encode, tokenizer, messages)
+    size = sum(len(str(m.get("content") or "")) + MESSAGE_CHARS for m in messages)
+    size += len(str(tools)) if tools else 0
+    ids: list[int] = await _maybe_in_thread(size, _render_and_encode, tokenizer, messages, tools)
     return ids
 
 
-def _render_and_encode(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:
+def _render_and_encode(
+    tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[int]:
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        if tools is None:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        else:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     except (jinja2.TemplateError, ValueError, TypeError, KeyError) as e:  # raise_exception()
         raise bad_request(f"the chat template refused the messages: {e}", "messages") from e
     ids: list[int] = tokenizer.encode(text, add_special_tokens=False)  # BOS is in the text

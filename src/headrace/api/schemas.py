@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from headrace.api.structured import StructuredFields
 from headrace.api.text import Text
+from headrace.api.tool_schemas import ToolCall, ToolFields
 from headrace.api.unsupported import ChatExtras, CompletionExtras
 from headrace.request import (
     MAX_LOGIT_BIAS,
@@ -25,6 +26,7 @@ MAX_N = 16  # choices of one request (`n`); each is computed, the prompt once
 MAX_TOKENS_LIMIT = 1_000_000  # schema bound; the model's context is the real limit
 MAX_CHAT_MESSAGES = 2048  # as OpenAI: a longer conversation is a flood, not a chat
 SEED_MAX = 2**63 - 1
+MAX_CALLS_IN_HISTORY = 128  # tool calls of one assistant message
 
 _STRICT = ConfigDict(strict=True, allow_inf_nan=False)
 
@@ -120,8 +122,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     name: Text | None = None
-    tool_calls: list[Any] | None = Field(None, max_length=0, description="not supported yet")
-    tool_call_id: Text | None = None
+    tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_CALLS_IN_HISTORY)
+    tool_call_id: Text | None = Field(None, max_length=256)
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -129,7 +131,7 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatCompletionRequest(SamplingFields, ChatExtras):
+class ChatCompletionRequest(SamplingFields, ChatExtras, ToolFields):
     # Bounded here so that validation stops early instead of walking a 20,000-message flood.
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES)
     max_tokens: MaxTokens | None = Field(None, description="default: the rest of the context")
@@ -223,9 +225,21 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None
 
 
+class CalledFunctionOut(BaseModel):
+    name: str
+    arguments: str  # JSON text, valid under the tool's schema
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunctionOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # null when the answer is only tool calls
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):

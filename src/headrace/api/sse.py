@@ -37,6 +37,11 @@ def encode_event(data: dict[str, Any]) -> bytes:
     return b"data: " + _JSON.encode(data) + b"\n\n"
 
 
+def encode_typed_event(data: dict[str, Any]) -> bytes:
+    """An event with its `event:` line (the Responses API's stream names each event's type)."""
+    return b"event: " + str(data["type"]).encode() + b"\n" + encode_event(data)
+
+
 def error_event(message: str, type: str = "server_error", code: str | int | None = None) -> bytes:
     return encode_event(error_body(message, type, None, code))
 

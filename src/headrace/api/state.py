@@ -11,6 +11,7 @@ from fastapi import Request
 
 from headrace.api.errors import APIError
 from headrace.api.grammar_cache import GrammarCache
+from headrace.api.response_store import ResponseStore
 from headrace.api.structured import grammar_cache
 from headrace.config import ServerConfig
 from headrace.engine.client import EngineClient
@@ -34,6 +35,7 @@ class AppState:
     adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapter -> its base model
     lora_busy: set[str] = field(default_factory=set)  # adapters being loaded or unloaded
     ledger: Ledger | None = None  # usage and audit records (--no-ledger: None)
+    responses: ResponseStore = field(default_factory=ResponseStore)  # previous_response_id
 
     def target(self, model: str | None, tenant: Tenant) -> Target:
         """What `model` names for `tenant`: a base model, or a LoRA adapter it may use (on its

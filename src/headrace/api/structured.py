@@ -20,7 +20,7 @@ from headrace.api.text import Text
 
 # Readable JSON a small model tokenizes well ({"a": 1, "b": [2, 3]}); no free whitespace, so a
 # model cannot spend its tokens on newlines inside a value.
-_JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 _STRICT = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", populate_by_name=True)
 Choice = list[Text]
 
@@ -103,6 +103,11 @@ def grammar_of(body: StructuredFields, cache: GrammarCache, min_tokens: int = 0)
     return grammar
 
 
+def constraint_fields(body: StructuredFields) -> list[str]:
+    """The names of the constraint fields a request set."""
+    return [field for field, _, _ in _constraints(body)]
+
+
 def _check_reachable(field: str, choices: list[str], min_tokens: int) -> None:
     """A choice of n bytes is at most n tokens, after which only EOS is allowed: a min_tokens
     above the longest one would leave the request no token to go on with."""
@@ -124,7 +129,7 @@ def _constraints(body: StructuredFields) -> list[tuple[str, str, str]]:
     elif fmt is not None and fmt.type == "json_schema":
         if fmt.json_schema is None:
             raise bad_request("`response_format.json_schema` is required", "response_format")
-        out.append(("response_format", "json", _canonical(fmt.json_schema.json_schema)))
+        out.append(("response_format", "json", canonical(fmt.json_schema.json_schema)))
     so = body.structured_outputs
     if so is not None:
         for kind, value in (
@@ -147,12 +152,12 @@ def _source(kind: str, value: object) -> str:
     if kind == "choice":
         return json.dumps(value)
     if kind == "json":
-        return _canonical(value)
+        return canonical(value)
     assert isinstance(value, str)
     return value
 
 
-def _canonical(schema: object) -> str:
+def canonical(schema: object) -> str:
     """A schema as one cache key, whether it came as an object or as JSON text."""
     if isinstance(schema, str):
         try:
@@ -173,7 +178,7 @@ def _grammar(kind: str, source: str) -> tuple[str, str]:
             schema = json.loads(source) or {"type": "object"}  # {} : json_object
             if not isinstance(schema, dict):
                 return "", "a JSON schema must be an object"
-            grammar = LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)  # type: ignore[arg-type]
+            grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
         elif kind == "regex":
             grammar = LLMatcher.grammar_from_regex(source)
         elif kind == "choice":

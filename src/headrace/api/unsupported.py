@@ -18,8 +18,6 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "best_of": (1,),
     "echo": (False,),
     "suffix": ("",),
-    "tools": ([],),
-    "tool_choice": ("none", "auto"),
     "functions": ([],),
     "function_call": ("none", "auto"),
     "audio": (),
@@ -36,6 +34,13 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "chat_template_kwargs": ({},),
     "continue_final_message": (False,),
     "add_generation_prompt": (True,),
+    # /v1/responses
+    "reasoning": (),
+    "background": (False,),
+    "include": ([],),
+    "truncation": ("disabled",),
+    "conversation": (),
+    "max_tool_calls": (),
 }
 
 
@@ -77,11 +82,8 @@ class CompletionExtras(_Common):
 
 
 class ChatExtras(_Common):
-    tools: Any = None
-    tool_choice: Any = None
-    functions: Any = None
+    functions: Any = None  # the deprecated forms of `tools` and `tool_choice`
     function_call: Any = None
-    parallel_tool_calls: Any = None  # meaningless without tools: ignored
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -91,3 +93,19 @@ class ChatExtras(_Common):
     chat_template_kwargs: Any = None
     continue_final_message: Any = None
     add_generation_prompt: Any = None
+
+
+class ResponsesExtras(_Unsupported):
+    """/v1/responses: what it does not implement yet, and what it accepts and ignores."""
+
+    reasoning: Any = None
+    background: Any = None
+    include: Any = None
+    truncation: Any = None
+    conversation: Any = None
+    max_tool_calls: Any = None
+    user: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None

@@ -7,7 +7,7 @@ token ids (bad_words) and decodes what the core generates. The core sees token i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Tokenizer(Protocol):
@@ -16,9 +16,17 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The conversation as text (BOS included where the template puts it)."""
+        """The conversation as text (BOS included where the template puts it); `tools`, in
+        OpenAI's shape, become the template's `tools` variable."""
+        ...
+
+    def renders_tools(self) -> bool:
+        """Whether the chat template has a tool format of its own (reads `tools`)."""
         ...
 
     @property

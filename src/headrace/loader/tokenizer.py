@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -42,6 +43,7 @@ class Tokenizer:
         # As in transformers 5, tokenizer.json's post-processor alone decides about BOS/EOS;
         # tokenizer_config's add_bos_token / add_eos_token are ignored.
         self._compiled: dict[str, jinja2.Template] = {}
+        self._reads_tools: dict[str, bool] = {}
         self._template = self.config.get("chat_template")
         if isinstance(self._template, list):  # named templates: take the default one
             named = {t.get("name"): t.get("template") for t in self._template}
@@ -87,18 +89,35 @@ class Tokenizer:
         return self.chat_template or default_template(self._tok.get_vocab(), self.architecture)
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Render like transformers. The text already holds BOS where the template puts it:
-        encode it with add_special_tokens=False."""
+        encode it with add_special_tokens=False. `tools` (OpenAI's shape) reach the template
+        as its `tools` variable."""
+        extra = {} if tools is None else {"tools": tools}
+        return self._compiled_template().render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            **extra,
+            **self._special_token_strings(),
+        )
+
+    def renders_tools(self) -> bool:
+        """Whether the chat template reads a `tools` variable (has a tool format of its own)."""
+        source = self.template_source
+        if source not in self._reads_tools:
+            parsed = _environment().parse(source)
+            self._reads_tools[source] = "tools" in meta.find_undeclared_variables(parsed)
+        return self._reads_tools[source]
+
+    def _compiled_template(self) -> jinja2.Template:
         source = self.template_source
         if source not in self._compiled:
             self._compiled[source] = _environment().from_string(source)
-        return self._compiled[source].render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            **self._special_token_strings(),
-        )
+        return self._compiled[source]
 
     def _special_token_strings(self) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
