@@ -87,3 +87,22 @@ def test_without_a_ledger_its_routes_say_so(tmp_path: Path) -> None:
 
     for r in session(app, work):
         assert r.status_code == 404 and "--no-ledger" in r.json()["error"]["message"]
+
+
+def test_a_callers_odd_model_name_neither_reaches_nor_blocks_the_ledger(tmp_path: Path) -> None:
+    """An unknown model's 404 is recorded without the caller's name for it: a NUL (which
+    PostgreSQL refuses, holding up every batch after it) or a megabyte of text stays out."""
+    ledger = Ledger(tmp_path / "l.db", flush_s=60)
+    app = make_app(script_engine(lambda r: []), gateway(tmp_path), ledger=ledger)
+
+    async def work(c: httpx.AsyncClient) -> list[httpx.Response]:
+        out = []
+        for name in ("x\u0000y", "m" * 200_000):
+            out.append(await c.post("/v1/completions", json={**BODY, "model": name}, headers=ACME))
+        out.append(await c.get("/v1/usage", params={"group_by": "model"}, headers=ACME))
+        return out
+
+    nul, huge, usage = session(app, work)
+    assert (nul.status_code, huge.status_code) == (404, 404)
+    rows = usage.json()["data"]
+    assert [(r["model"], r["requests"]) for r in rows] == [(None, 2)]

@@ -79,7 +79,8 @@ async def admit(
     try:
         return await admitting
     except (APIError, GatewayError) as e:
-        record_refusal(state, request, tenant.name, body.model, e.status)
+        served = body.model in state.engines or body.model in state.adapters
+        record_refusal(state, request, tenant.name, body.model if served else None, e.status)
         raise
 
 

@@ -96,14 +96,19 @@ class Choices:
         if self.closed:
             return
         self.closed = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for run in self.runs:
-            await run.close()
-        if self.n > 1:
-            used = self.runs[0].prompt_tokens + sum(r.completion_tokens for r in self.runs)
-            self.state.gateway.release(self.job.admission, used, self.runs[0].reason)
-            for i, run in enumerate(self.runs):
-                run.record(run.prompt_tokens if i == 0 else 0)
-            record_usage(self.state, self.runs, self.n)
+        try:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            for run in self.runs:
+                await run.close()
+        finally:  # a cancellation here must not skip the gateway's refund or the ledger
+            if self.n > 1:
+                self._settle()
+
+    def _settle(self) -> None:
+        used = self.runs[0].prompt_tokens + sum(r.completion_tokens for r in self.runs)
+        self.state.gateway.release(self.job.admission, used, self.runs[0].reason)
+        for i, run in enumerate(self.runs):
+            run.record(run.prompt_tokens if i == 0 else 0)
+        record_usage(self.state, self.runs, self.n)

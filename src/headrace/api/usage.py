@@ -9,6 +9,7 @@ while the ledger's file cannot be read.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,8 @@ _SUMMED = (
     "recomputed_tokens", "draft_tokens", "accepted_tokens", "errors",
 )  # fmt: skip
 MAX_AUDIT_LIMIT = 10_000
+
+log = logging.getLogger("headrace.ledger")
 
 
 @router.get("/v1/usage")
@@ -78,8 +81,9 @@ async def _read(work: Callable[..., list[dict[str, Any]]], *args: Any) -> list[d
     """`work(*args)` off the event loop; a ledger that cannot be read now is a 503."""
     try:
         return await asyncio.to_thread(work, *args)
-    except database_errors() as e:
-        raise APIError(503, f"the ledger cannot be read now: {e}", type="unavailable_error") from e
+    except database_errors() as e:  # the detail (a host, a port) is the operator's: the log
+        log.warning("the ledger cannot be read: %s", e)
+        raise APIError(503, "the ledger cannot be read now", type="unavailable_error") from e
 
 
 def _ledger(state: AppState) -> Ledger:

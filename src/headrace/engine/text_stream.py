@@ -83,4 +83,7 @@ class RequestTextStream:
             error=error,
             queue_time=self.queue_time,
             cached_tokens=self.cached_tokens,
+            recomputed_tokens=self.counts[0],
+            draft_tokens=self.counts[1],
+            accepted_tokens=self.counts[2],
         )

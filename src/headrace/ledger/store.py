@@ -22,6 +22,8 @@ _INSERT_AUDIT = (
     f"VALUES ({', '.join('?' for _ in AUDIT_COLUMNS)})"
 )
 
+TEXT_LIMIT = 512
+
 
 def connect(target: str | Path, *, create: bool = True) -> Database:
     """The ledger at `target` (a file, or a postgresql:// URL), its schema brought up to date;
@@ -90,7 +92,15 @@ def audit_rows(
 
 def _usage_row(r: UsageRecord) -> tuple[Any, ...]:
     values = (getattr(r, c) for c in USAGE_COLUMNS)
-    return tuple(int(v) if isinstance(v, bool) else v for v in values)
+    return tuple(int(v) if isinstance(v, bool) else _text(v) for v in values)
+
+
+def _text(value: Any) -> Any:
+    """A string as a column may hold it: no NUL (PostgreSQL refuses one, and a refused record
+    would hold up every batch after it), at most TEXT_LIMIT characters (a caller's field)."""
+    if not isinstance(value, str):
+        return value
+    return value.replace("\x00", "")[:TEXT_LIMIT]
 
 
 def _audit_row(e: AuditEntry) -> tuple[Any, ...]:
@@ -98,4 +108,4 @@ def _audit_row(e: AuditEntry) -> tuple[Any, ...]:
         "arguments": json.dumps(dict(e.arguments), default=str),
         "result": json.dumps(dict(e.result), default=str),
     }
-    return tuple(values.get(c, getattr(e, c)) for c in AUDIT_COLUMNS)
+    return tuple(_text(values.get(c, getattr(e, c))) for c in AUDIT_COLUMNS)
