@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -31,6 +33,7 @@ _SUMMED = (
 MAX_AUDIT_LIMIT = 10_000
 
 log = logging.getLogger("headrace.ledger")
+_READS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ledger-read")
 
 
 @router.get("/v1/usage")
@@ -79,8 +82,8 @@ async def audit_log(
 
 async def _read(work: Callable[..., list[dict[str, Any]]], *args: Any) -> list[dict[str, Any]]:
     """`work(*args)` off the event loop; a ledger that cannot be read now is a 503."""
-    try:
-        return await asyncio.to_thread(work, *args)
+    try:  # its own two threads: a hung database never takes the pool prompts tokenize in
+        return await asyncio.get_running_loop().run_in_executor(_READS, partial(work, *args))
     except database_errors() as e:  # the detail (a host, a port) is the operator's: the log
         log.warning("the ledger cannot be read: %s", e)
         raise APIError(503, "the ledger cannot be read now", type="unavailable_error") from e
