@@ -47,7 +47,7 @@ DT = 10.0  # simulation step, seconds
 
 async def measure(model: str | None, streams: int, tokens: int) -> tuple[float, float]:
     """(output tokens/s of one replica at `streams` concurrent streams, its start time)."""
-    from headrace.engine.async_engine import AsyncEngine
+    from headrace.engine.frontend.async_engine import AsyncEngine
     from headrace.request import SamplingParams
 
     t0 = time.monotonic()

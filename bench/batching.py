@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.engine_core import EngineCore, Runner
+from headrace.engine.core.engine_core import EngineCore, Runner
 from headrace.engine.messages import EngineCoreRequest
 from headrace.request import SamplingParams
 
@@ -234,7 +234,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     args = parse_args()
-    from headrace.engine.model_runner import ModelRunner
+    from headrace.engine.runner.model_runner import ModelRunner
 
     model_cfg = ModelConfig(model=args.model, dtype=args.dtype, num_threads=args.num_threads)
     runner = ModelRunner(model_cfg, CacheConfig())

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from headrace.config import CacheConfig, ModelConfig
-from headrace.engine.model_runner import ModelRunner
-from headrace.engine.runner_harness import RunnerHarness
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.runner_harness import RunnerHarness
 from headrace.loader.cache import resolve_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

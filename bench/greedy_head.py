@@ -21,8 +21,8 @@ import torch
 
 from headrace.bench.workloads import Workload
 from headrace.config import CacheConfig, ModelConfig
-from headrace.engine.model_runner import ModelRunner
-from headrace.engine.runner_harness import RunnerHarness
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.runner_harness import RunnerHarness
 from headrace.kernels import int8_head
 from headrace.kernels.argmax import argmax_rows
 from headrace.layers.linear import packed_linear

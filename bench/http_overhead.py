@@ -38,7 +38,7 @@ import httpx
 from headrace.bench import BenchError
 from headrace.bench.local import free_port, wait_healthy
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.async_engine import AsyncEngine
+from headrace.engine.frontend.async_engine import AsyncEngine
 from headrace.request import SamplingParams
 
 WORDS = [

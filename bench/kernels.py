@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import forward  # noqa: E402  (beside this script)
 
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.step_inputs import build_step_inputs
+from headrace.engine.runner.step_inputs import build_step_inputs
 from headrace.kernels import bf16_linear, fused
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead

@@ -26,8 +26,8 @@ import torch
 from safetensors.torch import save_file
 
 from headrace.config import CacheConfig, ModelConfig
-from headrace.engine.model_runner import ModelRunner
-from headrace.engine.runner_harness import RunnerHarness
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.runner_harness import RunnerHarness
 from headrace.lora.manager import SITES
 
 PROMPT_LEN = 64

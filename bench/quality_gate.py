@@ -43,7 +43,7 @@ import torch
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.llm import LLM
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.step_inputs import build_step_inputs
+from headrace.engine.runner.step_inputs import build_step_inputs
 from headrace.kernels.build import cpu_kernels
 from headrace.request import SamplingParams
 

@@ -20,10 +20,10 @@ import torch
 from greedy_head import capture, head_runner
 
 from headrace.bench.workloads import Workload
-from headrace.engine.model_runner import ModelRunner
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.sampler import Sampler
-from headrace.engine.screened_sampler import ScreenedSampler
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.sampler import Sampler
+from headrace.engine.runner.screened_sampler import ScreenedSampler
 from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import SamplingParams
 

@@ -26,7 +26,7 @@ import torch
 
 from headrace.engine.logits_inputs import logits_inputs
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.sampler import Sampler
+from headrace.engine.runner.sampler import Sampler
 from headrace.request import Request, SamplingParams
 
 VOCAB = 262144

@@ -1,4 +1,4 @@
-"""top_p on real logits: the sampler with its partial sort (engine/top_p.py) against a full
+"""top_p on real logits: the sampler with its partial sort (engine/runner/top_p.py) against a full
 sort of every row (the path before it), on the same captured rows. Prints JSON.
 
     flock /tmp/bench.lock .venv/bin/python bench/sampler_top_p.py --rows 1,16,32
@@ -24,10 +24,10 @@ from greedy_head import capture, head_runner
 from sampled_head import _cpu_name
 
 from headrace.bench.workloads import Workload
-from headrace.engine import sampler as sampler_mod
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.sampler import Sampler
-from headrace.engine.top_p import TopPSets, top_p_mask
+from headrace.engine.runner import sampler as sampler_mod
+from headrace.engine.runner.sampler import Sampler
+from headrace.engine.runner.top_p import TopPSets, top_p_mask
 from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import SamplingParams
 

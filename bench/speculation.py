@@ -26,7 +26,7 @@ from typing import Any
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.llm import LLM
-from headrace.engine.model_runner import ModelRunner
+from headrace.engine.runner.model_runner import ModelRunner
 from headrace.loader.cache import resolve_model
 from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import SamplingParams

@@ -25,15 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import forward  # noqa: E402  (beside this script: the same random prompts)
 
-import headrace.engine.model_runner as model_runner  # noqa: E402
-import headrace.engine.sampler as sampler  # noqa: E402
+import headrace.engine.runner.model_runner as model_runner  # noqa: E402
+import headrace.engine.runner.sampler as sampler  # noqa: E402
 import headrace.layers.activation as activation  # noqa: E402
 import headrace.layers.attention as attention  # noqa: E402
 import headrace.layers.linear as linear  # noqa: E402
 import headrace.layers.norm as norm  # noqa: E402
 import headrace.models.base as base  # noqa: E402
 from headrace.config import CacheConfig, ModelConfig  # noqa: E402
-from headrace.engine.runner_harness import RunnerHarness  # noqa: E402
+from headrace.engine.runner.runner_harness import RunnerHarness  # noqa: E402
 from headrace.kernels import bf16_linear, fused  # noqa: E402
 from headrace.kernels.int8_head import Int8GreedyHead  # noqa: E402
 from headrace.kernels.int8_linear import Int8Linear  # noqa: E402

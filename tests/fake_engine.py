@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.engine.messages import StepStats
 from headrace.request import FinishReason, SamplingParams
 

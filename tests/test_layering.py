@@ -61,3 +61,45 @@ def test_the_reader_sees_real_imports() -> None:
     edges = imports()
     assert "engine" in edges["api"]  # the reader finds real imports (not an empty graph)
     assert "api" not in edges["router"]
+
+
+# Inside engine/: the front end reaches the core only; the core drives the scheduler and the
+# runner; both use the KV side; nothing imports back up (shared vocabulary — messages,
+# outputs, limits, logits_inputs — sits in engine/ itself, under all of them).
+ENGINE_ALLOWED = {
+    "frontend": {"core"},
+    "core": {"sched", "runner", "kv"},
+    "sched": {"kv"},
+    "runner": {"kv"},
+    "kv": set(),
+}
+
+
+def engine_imports() -> dict[str, set[str]]:
+    """engine subpackage -> the other engine subpackages its modules import."""
+    edges: dict[str, set[str]] = defaultdict(set)
+    engine = ROOT / "engine"
+    for path in engine.rglob("*.py"):
+        parts = path.relative_to(engine).parts
+        if len(parts) < 2:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                bits = node.module.split(".") + [""]
+                inside = bits[:2] == ["headrace", "engine"] and (engine / bits[2]).is_dir()
+                if inside and bits[2] and bits[2] != parts[0]:
+                    edges[parts[0]].add(bits[2])
+    return edges
+
+
+def test_engine_subpackages_import_one_way() -> None:
+    assert set(ENGINE_ALLOWED) == {
+        p.name for p in (ROOT / "engine").iterdir() if (p / "__init__.py").exists()
+    }
+    wrong = sorted(
+        f"engine/{src} imports engine/{dst}"
+        for src, dsts in engine_imports().items()
+        for dst in dsts - ENGINE_ALLOWED[src]
+    )
+    assert wrong == []
+    assert "core" in engine_imports()["frontend"]  # the reader sees real imports

@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE))
 from engine_probe import engine_rates  # noqa: E402  (beside this script)
 from random_model import kv_bytes_per_token, random_runner, weight_bytes  # noqa: E402
 
-from headrace.engine.runner_harness import RunnerHarness  # noqa: E402
+from headrace.engine.runner.runner_harness import RunnerHarness  # noqa: E402
 from headrace.request import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True)

@@ -10,7 +10,7 @@ import torch
 from random_model import random_runner
 
 from headrace.config import SchedulerConfig
-from headrace.engine.engine_core import EngineCore
+from headrace.engine.core.engine_core import EngineCore
 from headrace.engine.messages import EngineCoreRequest
 from headrace.request import SamplingParams
 

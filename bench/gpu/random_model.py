@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from headrace.config import CacheConfig
-from headrace.engine.model_runner import ModelRunner
+from headrace.engine.runner.model_runner import ModelRunner
 from headrace.loader.hf import resolve_class
 from headrace.models.args import ModelArgs
 from headrace.models.base import CausalLM

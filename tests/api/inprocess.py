@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from api.route_coverage import record_hits
 from headrace.api.app import build_app, front_door
 from headrace.config import ServerConfig
-from headrace.engine.client import EngineClient
+from headrace.engine.frontend.client import EngineClient
 from headrace.gateway.base import Gateway, OpenGateway
 from headrace.gateway.setup import connect_gateway
 from headrace.ledger.writer import Ledger

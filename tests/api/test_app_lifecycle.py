@@ -9,7 +9,7 @@ import httpx
 
 from headrace.api.app import build_app
 from headrace.config import ServerConfig
-from headrace.engine.client import EngineClient
+from headrace.engine.frontend.client import EngineClient
 from headrace.gateway.base import OpenGateway
 
 

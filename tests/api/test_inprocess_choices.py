@@ -14,7 +14,7 @@ from fake_engine import FakeEngine
 
 from api.inprocess import request
 from api.route_coverage import covers
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.request import FinishReason, SamplingParams
 
 

@@ -12,7 +12,7 @@ from gateway.conftest import tenants_yaml
 
 from api.inprocess import make_app, script_engine, session
 from api.route_coverage import covers
-from headrace.engine.client import GenerationChunk
+from headrace.engine.frontend.client import GenerationChunk
 from headrace.gateway.gateway import TenantGateway
 from headrace.ledger.writer import Ledger
 from headrace.request import FinishReason

@@ -18,7 +18,7 @@ from gateway.test_internal_routes import WIRE_CASES, replica_body, wire_change
 
 from api.inprocess import connect, events, make_app, request, script_engine
 from api.route_coverage import covers
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.engine.messages import StepStats
 from headrace.gateway.access import InternalAccess
 from headrace.gateway.auth import KeyStore, hash_key

@@ -21,7 +21,7 @@ from factories import (
 )
 from tokenizers import Tokenizer
 
-from headrace.engine.scheduler import Scheduler
+from headrace.engine.sched.scheduler import Scheduler
 from headrace.request import Request
 
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.async_engine import AsyncEngine
-from headrace.engine.client import GenerateOptions
+from headrace.engine.frontend.async_engine import AsyncEngine
+from headrace.engine.frontend.client import GenerateOptions
 from headrace.engine.llm import LLM
 from headrace.request import FinishReason, SamplingParams
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.async_engine import AsyncEngine
+from headrace.engine.frontend.async_engine import AsyncEngine
 from headrace.engine.llm import LLM
 from headrace.request import FinishReason, SamplingParams
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from headrace.engine.block_manager import BlockManager, blocks_for
+from headrace.engine.kv.block_manager import BlockManager, blocks_for
 
 
 def test_allocate_grows_and_free_returns_everything() -> None:

@@ -17,10 +17,10 @@ import zmq
 from factories import FakeRunner
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.async_engine import AsyncEngine
-from headrace.engine.core_link import FRONT_END_STUCK_EXIT, CoreLink
-from headrace.engine.core_loop import CoreSpec
-from headrace.engine.core_proc import ProcessCore, core_process_main
+from headrace.engine.core.core_link import FRONT_END_STUCK_EXIT, CoreLink
+from headrace.engine.core.core_loop import CoreSpec
+from headrace.engine.core.core_proc import ProcessCore, core_process_main
+from headrace.engine.frontend.async_engine import AsyncEngine
 from headrace.engine.messages import EngineCoreRequest, encode
 from headrace.request import FinishReason, SamplingParams
 

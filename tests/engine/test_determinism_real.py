@@ -9,7 +9,7 @@ import torch
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.llm import LLM
-from headrace.engine.model_runner import ModelRunner
+from headrace.engine.runner.model_runner import ModelRunner
 from headrace.kernels.int8_head import supported
 from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import SamplingParams

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from headrace.engine.detokenizer import IncrementalDetokenizer
+from headrace.engine.frontend.detokenizer import IncrementalDetokenizer
+from headrace.engine.frontend.stop_strings import StopStringMatcher
+from headrace.engine.frontend.text_stream import RequestTextStream
 from headrace.engine.messages import RequestOutput
-from headrace.engine.stop_strings import StopStringMatcher
-from headrace.engine.text_stream import RequestTextStream
 from headrace.request import FinishReason, SamplingParams
 
 TEXTS = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from headrace.engine.waiting_queue import PriorityQueue
+from headrace.engine.sched.waiting_queue import PriorityQueue
 from headrace.request import FinishReason
 
 

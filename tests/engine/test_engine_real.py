@@ -12,7 +12,7 @@ import pytest
 from factories import DEVICES
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.engine_core import EngineCore
+from headrace.engine.core.engine_core import EngineCore
 from headrace.engine.llm import LLM
 from headrace.engine.messages import EngineCoreRequest
 from headrace.loader.tokenizer import load_tokenizer
@@ -21,7 +21,7 @@ from headrace.request import FinishReason, SamplingParams
 
 @pytest.fixture(scope="module", params=DEVICES)
 def runner(tiny_model_dir, request):
-    from headrace.engine.model_runner import ModelRunner
+    from headrace.engine.runner.model_runner import ModelRunner
 
     return ModelRunner(
         ModelConfig(model=str(tiny_model_dir), dtype="float32", device=request.param),

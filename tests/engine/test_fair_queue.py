@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from headrace.engine.fair_queue import FairQueue
-from headrace.engine.waiting_queue import PriorityQueue
+from headrace.engine.sched.fair_queue import FairQueue
+from headrace.engine.sched.waiting_queue import PriorityQueue
 from headrace.request import Request
 
 

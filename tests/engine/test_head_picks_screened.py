@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headrace.engine.head_picks import pick_tokens
 from headrace.engine.outputs import LogitsInputs, ScheduledRequest
-from headrace.engine.sampler import Sampler
-from headrace.engine.screened_sampler import ScreenedSampler
-from headrace.engine.structured import GrammarMasks
+from headrace.engine.runner.head_picks import pick_tokens
+from headrace.engine.runner.sampler import Sampler
+from headrace.engine.runner.screened_sampler import ScreenedSampler
+from headrace.engine.runner.structured import GrammarMasks
 from headrace.kernels.int8_head import Int8GreedyHead, supported
 from headrace.request import SamplingParams
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from headrace.config import CacheConfig, SchedulerConfig, add_config_args, config_from_args
-from headrace.engine.kv_budget import GIB, WORK_RESERVE_GIB, cuda_kv_gib, kv_budget_gib
+from headrace.engine.kv.kv_budget import GIB, WORK_RESERVE_GIB, cuda_kv_gib, kv_budget_gib
 
 
 def test_the_cpu_keeps_one_gib_and_a_given_size_wins() -> None:

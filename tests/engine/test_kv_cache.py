@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headrace.engine.kv_cache import KVCache
+from headrace.engine.kv.kv_cache import KVCache
 from headrace.models.args import ModelArgs
 
 ARGS = ModelArgs(

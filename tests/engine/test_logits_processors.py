@@ -10,9 +10,9 @@ import torch
 from engine.logits_reference import reference
 
 from headrace.engine.logits_inputs import logits_inputs
-from headrace.engine.logits_processors import apply_processors, bad_word_bans
 from headrace.engine.outputs import LogitsInputs, ScheduledRequest
-from headrace.engine.sampler import Sampler
+from headrace.engine.runner.logits_processors import apply_processors, bad_word_bans
+from headrace.engine.runner.sampler import Sampler
 from headrace.request import Request, SamplingParams
 
 VOCAB = 64

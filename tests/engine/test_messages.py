@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.async_engine import AsyncEngine
+from headrace.engine.frontend.async_engine import AsyncEngine
 from headrace.engine.messages import (
     AbortRequests,
     CoreFailed,
@@ -133,7 +133,7 @@ def test_the_core_never_loads_a_tokenizer(tiny_model_dir) -> None:
     script = textwrap.dedent(f"""
         import sys
         from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-        from headrace.engine.core_loop import CoreSpec
+        from headrace.engine.core.core_loop import CoreSpec
         from headrace.engine.messages import EngineCoreRequest
         from headrace.request import SamplingParams
 

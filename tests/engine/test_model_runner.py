@@ -10,9 +10,9 @@ import torch
 from factories import VOCAB, make_tiny
 
 from headrace.config import CacheConfig, ModelConfig
-from headrace.engine.model_runner import ModelRunner
 from headrace.engine.outputs import ScheduledRequest, SchedulerOutput
-from headrace.engine.runner_harness import RunnerHarness, greedy
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.runner_harness import RunnerHarness, greedy
 from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import SamplingParams
 
@@ -119,7 +119,7 @@ def test_model_path_that_does_not_exist(tmp_path: Path) -> None:
 def test_auto_dtype_is_bf16_only_where_it_is_native(
     tmp_path: Path, flags: str, device: str, expected: torch.dtype
 ) -> None:
-    from headrace.engine.model_runner import pick_dtype
+    from headrace.engine.runner.model_runner import pick_dtype
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")

@@ -13,10 +13,10 @@ import torch
 from engine.logits_reference import reference
 
 from headrace.config import CacheConfig, ModelConfig
-from headrace.engine import sampler as sampler_module
 from headrace.engine.llm import LLM, CompletionOutput
-from headrace.engine.model_runner import ModelRunner
 from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.runner import sampler as sampler_module
+from headrace.engine.runner.model_runner import ModelRunner
 from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import FinishReason, SamplingParams
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from headrace.engine.block_manager import BlockManager
-from headrace.engine.prefix_cache import block_hash, root_hash
+from headrace.engine.kv.block_manager import BlockManager
+from headrace.engine.kv.prefix_cache import block_hash, root_hash
 
 BS = 4
 

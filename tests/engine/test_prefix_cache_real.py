@@ -11,9 +11,9 @@ import torch
 from factories import VOCAB, hf_greedy, make_tiny
 
 from headrace.config import CacheConfig, SchedulerConfig
-from headrace.engine.engine_core import EngineCore
+from headrace.engine.core.engine_core import EngineCore
 from headrace.engine.messages import EngineCoreRequest
-from headrace.engine.model_runner import ModelRunner
+from headrace.engine.runner.model_runner import ModelRunner
 from headrace.loader.hf import load_model
 from headrace.request import SamplingParams
 

@@ -8,7 +8,7 @@ from collections import Counter
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.sampler import Sampler, seeded_uniform
+from headrace.engine.runner.sampler import Sampler, seeded_uniform
 from headrace.request import SamplingParams
 
 VOCAB = 50

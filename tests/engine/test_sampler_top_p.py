@@ -1,4 +1,4 @@
-"""top_p's partial sort (engine/top_p.py) keeps the set a float64 full sort keeps (its mass
+"""top_p's partial sort (engine/runner/top_p.py) keeps the set a float64 full sort keeps (its mass
 to the float32 logits' precision), on rows from peaked to flat, over a vocabulary large
 enough that the partial path is taken."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.sampler import Sampler
-from headrace.engine.top_p import TOP_P_FIRST, top_p_mask, top_p_sets
+from headrace.engine.runner.sampler import Sampler
+from headrace.engine.runner.top_p import TOP_P_FIRST, top_p_mask, top_p_sets
 from headrace.request import SamplingParams
 
 VOCAB = 20_000

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from headrace.engine import screened_sampler
 from headrace.engine.outputs import LogitsInputs, ScheduledRequest
-from headrace.engine.sampler import Sampler
-from headrace.engine.screened_sampler import ScreenedSampler, screened_row
+from headrace.engine.runner import screened_sampler
+from headrace.engine.runner.sampler import Sampler
+from headrace.engine.runner.screened_sampler import ScreenedSampler, screened_row
 from headrace.kernels.int8_head import Int8GreedyHead, supported
 from headrace.request import SamplingParams
 

@@ -10,11 +10,11 @@ import pytest
 from factories import FakeCore, FakeRunner, fake_reference, make_prompt, make_request
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.engine_core import EngineCore
+from headrace.engine.core.engine_core import EngineCore
 from headrace.engine.messages import EngineCoreRequest
-from headrace.engine.ngram_proposer import NgramProposer
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.speculation import accept, drafts_for, next_window, speculates
+from headrace.engine.sched.ngram_proposer import NgramProposer
+from headrace.engine.sched.speculation import accept, drafts_for, next_window, speculates
 from headrace.request import SamplingParams
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -177,7 +177,7 @@ def test_config_refuses_negative_settings() -> None:
 
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir):
-    from headrace.engine.model_runner import ModelRunner
+    from headrace.engine.runner.model_runner import ModelRunner
 
     return ModelRunner(
         ModelConfig(model=str(tiny_model_dir), dtype="float32", device="cpu"),

@@ -6,7 +6,7 @@ import pytest
 from factories import FakeCore, fake_reference, make_prompt, make_request
 
 from headrace.config import SchedulerConfig
-from headrace.engine.step_budget import StepBudget, demand
+from headrace.engine.sched.step_budget import StepBudget, demand
 from headrace.request import SamplingParams
 
 GREEDY = {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True}

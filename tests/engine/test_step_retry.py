@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from headrace.engine.core_loop import run_core_loop
+from headrace.engine.core.core_loop import run_core_loop
+from headrace.engine.core.step_retry import execute_isolating_failures
 from headrace.engine.messages import (
     AbortRequests,
     CoreOutputs,
@@ -16,8 +17,7 @@ from headrace.engine.messages import (
     TokenLogprobs,
 )
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
-from headrace.engine.step_retry import execute_isolating_failures
-from headrace.engine.waiting_queue import PriorityQueue
+from headrace.engine.sched.waiting_queue import PriorityQueue
 from headrace.request import FinishReason, SamplingParams
 
 GREEDY = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}

@@ -16,7 +16,7 @@ from headrace.api.structured import _grammar
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.llm import LLM
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.structured import GrammarEnds, GrammarMasks
+from headrace.engine.runner.structured import GrammarEnds, GrammarMasks
 from headrace.request import FinishReason, SamplingParams
 
 SCHEMA = {

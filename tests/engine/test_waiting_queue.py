@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from headrace.engine.waiting_queue import PriorityQueue
+from headrace.engine.sched.waiting_queue import PriorityQueue
 
 
 def test_priority_then_arrival_order(make_request) -> None:

@@ -14,12 +14,12 @@ import zlib
 from collections.abc import Callable, Sequence
 
 from headrace.config import SchedulerConfig
-from headrace.engine.block_manager import BlockManager
-from headrace.engine.engine_core import EngineCore
+from headrace.engine.core.engine_core import EngineCore
+from headrace.engine.kv.block_manager import BlockManager
 from headrace.engine.messages import EngineCoreRequest, RequestOutput, StepStats
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
-from headrace.engine.scheduler import Scheduler
-from headrace.engine.waiting_queue import WaitingQueue
+from headrace.engine.sched.scheduler import Scheduler
+from headrace.engine.sched.waiting_queue import WaitingQueue
 from headrace.request import Request, SamplingParams
 
 FAKE_VOCAB = 101

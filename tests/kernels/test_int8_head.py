@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from headrace.config import CacheConfig, ModelConfig
-from headrace.engine.head_picks import head_argmax
-from headrace.engine.model_runner import ModelRunner
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.runner_harness import GREEDY
-from headrace.engine.step_inputs import build_step_inputs
+from headrace.engine.runner.head_picks import head_argmax
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.runner_harness import GREEDY
+from headrace.engine.runner.step_inputs import build_step_inputs
 from headrace.kernels.int8_head import Int8GreedyHead, supported
 from headrace.loader.tokenizer import load_tokenizer
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.step_inputs import build_step_inputs
+from headrace.engine.runner.step_inputs import build_step_inputs
 from headrace.kernels.paged_decode import supported
 from headrace.layers.attention import paged_attention
 from headrace.request import SamplingParams

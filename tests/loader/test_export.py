@@ -13,8 +13,8 @@ from safetensors import safe_open
 
 from headrace.cli import main
 from headrace.config import CacheConfig, ModelConfig
-from headrace.engine.model_runner import ModelRunner
-from headrace.engine.runner_harness import greedy
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.runner_harness import greedy
 from headrace.loader.tokenizer import load_tokenizer
 
 

@@ -11,8 +11,8 @@ import torch
 from factories import GGUF_GEMMA3, hf_greedy, make_tiny, permute, prompts, write_tiny_gguf
 
 from headrace.config import CacheConfig
-from headrace.engine.model_runner import ModelRunner
-from headrace.engine.runner_harness import greedy
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.runner_harness import greedy
 from headrace.loader.cache import COMPLETE, converted_dir
 from headrace.loader.errors import ModelLoadError
 from headrace.loader.gguf import dequantize_f32, hf_name, open_gguf, unpermute

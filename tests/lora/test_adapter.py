@@ -14,8 +14,8 @@ from factories.lora import make_adapter
 from safetensors.torch import load_file, save_file
 
 from headrace.config import CacheConfig
-from headrace.engine.model_runner import ModelRunner
-from headrace.engine.runner_harness import greedy
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.runner_harness import greedy
 from headrace.loader.hf import load_model
 from headrace.lora.adapter import LoraError, read_adapter
 

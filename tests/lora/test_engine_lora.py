@@ -8,7 +8,7 @@ from factories import make_tiny, prompts
 from factories.lora import make_adapter
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.engine_core import EngineCore
+from headrace.engine.core.engine_core import EngineCore
 from headrace.engine.messages import EngineCoreRequest, LoraCommand, StepStats
 from headrace.metrics.engine_collector import EngineCollector
 from headrace.request import FinishReason, SamplingParams

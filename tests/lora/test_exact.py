@@ -12,8 +12,8 @@ from factories import DEVICES, hf_greedy, make_tiny, prompts
 from factories.lora import make_adapter
 
 from headrace.config import CacheConfig
-from headrace.engine.model_runner import ModelRunner
-from headrace.engine.runner_harness import GREEDY, RunnerHarness, greedy
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.runner_harness import GREEDY, RunnerHarness, greedy
 from headrace.loader.hf import load_model
 from headrace.request import SamplingParams
 

@@ -10,8 +10,8 @@ import torch
 from factories import hf_greedy
 
 from headrace.config import CacheConfig, ModelConfig
-from headrace.engine.model_runner import ModelRunner
-from headrace.engine.runner_harness import greedy
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.runner_harness import greedy
 from headrace.loader.cache import default_model_path
 from headrace.loader.tokenizer import load_tokenizer
 

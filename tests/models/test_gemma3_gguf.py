@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from headrace.config import CacheConfig, ModelConfig
-from headrace.engine.model_runner import ModelRunner
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.runner_harness import GREEDY, greedy
-from headrace.engine.step_inputs import build_step_inputs
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.runner_harness import GREEDY, greedy
+from headrace.engine.runner.step_inputs import build_step_inputs
 from headrace.loader.cache import default_model_path
 from headrace.loader.tokenizer import load_tokenizer
 

@@ -12,9 +12,9 @@ import torch
 from factories import make_tiny
 
 from headrace.config import CacheConfig, ModelConfig, add_config_args, config_from_args
-from headrace.engine.model_runner import ModelRunner
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.step_inputs import build_step_inputs
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.step_inputs import build_step_inputs
 from headrace.kernels.build import cpu_kernels
 from headrace.kernels.int8_linear import int8_dot_cpu
 from headrace.layers.linear import MergedLinear
@@ -53,7 +53,7 @@ def test_only_norm_fed_projections_are_quantized(
     assert int8_layers(make_runner(tmp_path, "bfloat16", "off")) == []
     # fp32 never: it stays token-exact with transformers
     assert int8_layers(make_runner(tmp_path, "float32", "auto")) == []
-    with caplog.at_level(logging.WARNING, logger="headrace.engine.model_runner"):
+    with caplog.at_level(logging.WARNING, logger="headrace.engine.runner.model_runner"):
         assert int8_layers(make_runner(tmp_path, "float32", "on")) == []
     assert "--int8-matmuls on: unavailable here" in caplog.text
 

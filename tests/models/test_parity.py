@@ -10,8 +10,8 @@ import torch
 from factories import ARCHS, DEVICES, hf_greedy, make_tiny, prompts
 
 from headrace.config import CacheConfig
-from headrace.engine.model_runner import ModelRunner
-from headrace.engine.runner_harness import greedy
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.runner_harness import greedy
 from headrace.loader.hf import load_model
 
 NEW_TOKENS = 32

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from fake_engine import FakeEngine
 
 from headrace.config import RouterConfig
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.engine.messages import StepStats
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.policies import CacheAware, Candidate

@@ -15,7 +15,7 @@ from fake_engine import FakeEngine
 from headrace.api import replica_api
 from headrace.api.app import build_app
 from headrace.config import ServerConfig
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.gateway.access import InternalAccess
 from headrace.gateway.base import OpenGateway
 from headrace.request import FinishReason, SamplingParams

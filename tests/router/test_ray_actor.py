@@ -11,7 +11,7 @@ from typing import Any
 from fake_engine import FakeEngine
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.request import FinishReason, SamplingParams
 from headrace.router import ray_actor
 from headrace.router.ray_actor import ReplicaActor

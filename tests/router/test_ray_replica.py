@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from headrace.engine.client import GenerationChunk
+from headrace.engine.frontend.client import GenerationChunk
 from headrace.engine.messages import StepStats
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.ray_actor import Pulled, Refusal, ReplicaReady

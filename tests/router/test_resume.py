@@ -15,7 +15,7 @@ import pytest
 from fake_engine import FakeEngine
 
 from headrace.config import RouterConfig
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.replica import Replica
 from headrace.router.router import REPLICA_FAILED, Router

@@ -12,8 +12,8 @@ from pathlib import Path
 from fake_engine import FakeEngine
 
 from headrace.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig
-from headrace.engine.async_engine import AsyncEngine
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.async_engine import AsyncEngine
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.replica import Replica
 from headrace.router.router import Router

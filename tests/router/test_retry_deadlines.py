@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 from fake_engine import FakeEngine
 
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.replica import Replica
 from headrace.router.router import Router

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from headrace.api import replica_schemas
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.engine.messages import StepStats, TokenLogprobs
 from headrace.request import FinishReason, SamplingParams
 from headrace.router import wire

@@ -17,9 +17,9 @@ from headrace.api.schemas import SamplingFields
 from headrace.api.state import AppState
 from headrace.api.structured import grammar_for
 from headrace.api.usage_record import record_refusal
-from headrace.engine.client import EngineClient, GenerateOptions
+from headrace.engine.frontend.client import EngineClient, GenerateOptions
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.limits import DoesNotFit, check_fits
-from headrace.engine.tokenizer import Tokenizer
 from headrace.gateway.auth import key_from_headers
 from headrace.gateway.base import Tenant
 from headrace.gateway.errors import GatewayError

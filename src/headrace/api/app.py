@@ -36,7 +36,7 @@ from headrace.api.host_guard import HostGuard, HostPolicy, with_cors
 from headrace.api.limits import BodySizeLimit
 from headrace.api.state import AppState, app_state
 from headrace.config import ServerConfig
-from headrace.engine.client import EngineClient
+from headrace.engine.frontend.client import EngineClient
 from headrace.gateway.access import Scope
 from headrace.gateway.base import Gateway
 from headrace.ledger.collector import LedgerMetrics

@@ -20,7 +20,7 @@ from headrace.api.structured import canonical, constraint_fields, grammar_for
 from headrace.api.tool_grammar import ToolPlan, tool_grammar, tool_plan
 from headrace.api.tool_parser import Call, CallDelta, Delta, ToolCallParser, parse_calls
 from headrace.api.tool_prompt import Message, template_input
-from headrace.engine.tokenizer import Tokenizer
+from headrace.engine.frontend.tokenizer import Tokenizer
 
 
 class ChatTools:

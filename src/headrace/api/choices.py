@@ -17,7 +17,7 @@ from headrace.api.job import Job
 from headrace.api.serving import RequestRun
 from headrace.api.state import AppState
 from headrace.api.usage_record import record_usage
-from headrace.engine.client import GenerationChunk
+from headrace.engine.frontend.client import GenerationChunk
 from headrace.metrics.timing import RequestTimer
 
 _Item = tuple[int, GenerationChunk | BaseException | None]  # None: that choice has ended

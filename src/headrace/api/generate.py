@@ -24,7 +24,7 @@ from headrace.api.schemas import (
 from headrace.api.serving import RequestRun, run_to_end, start_stream, stream_run
 from headrace.api.sse import SSEResponse, encode_event
 from headrace.api.state import app_state
-from headrace.engine.client import EngineClient, GenerationChunk
+from headrace.engine.frontend.client import EngineClient, GenerationChunk
 
 router = APIRouter()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from headrace.engine.client import EngineClient, GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import EngineClient, GenerateOptions, GenerationChunk
 from headrace.gateway.base import Admission
 from headrace.metrics.timing import RequestTimer
 from headrace.request import FinishReason, SamplingParams

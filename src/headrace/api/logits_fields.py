@@ -8,7 +8,7 @@ from typing import Any
 
 from headrace.api.errors import bad_request
 from headrace.api.schemas import SamplingFields
-from headrace.engine.tokenizer import Tokenizer
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.request import MAX_BAD_WORD_TOKENS
 
 

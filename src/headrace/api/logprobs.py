@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.messages import TokenLogprobs
-from headrace.engine.tokenizer import Tokenizer
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:

@@ -11,7 +11,7 @@ import jinja2
 
 from headrace.api.errors import bad_request
 from headrace.api.schemas import MAX_CHAT_MESSAGES
-from headrace.engine.tokenizer import Tokenizer
+from headrace.engine.frontend.tokenizer import Tokenizer
 
 T = TypeVar("T")
 

@@ -35,7 +35,7 @@ from headrace.api.schemas import error_responses
 from headrace.api.serving import engine_failure, unless_disconnected
 from headrace.api.sse import DONE, SSEResponse, encode_event
 from headrace.api.state import AppState, app_state
-from headrace.engine.client import EngineClient, GenerationChunk
+from headrace.engine.frontend.client import EngineClient, GenerationChunk
 from headrace.gateway.access import Scope
 from headrace.loader.tokenizer import Tokenizer as ModelTokenizer
 from headrace.request import FinishReason

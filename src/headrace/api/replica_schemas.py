@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from headrace.api.schemas import MAX_TOKENS_LIMIT, SEED_MAX, LogitBias, Penalty, Stop
 from headrace.api.text import Text
-from headrace.engine.client import GenerateOptions
+from headrace.engine.frontend.client import GenerateOptions
 from headrace.request import (
     MAX_BAD_WORD_SEQUENCES,
     MAX_BAD_WORD_TOKENS,

@@ -36,7 +36,7 @@ from headrace.api.serving import run_to_end, start_stream, stream_run
 from headrace.api.sse import SSEResponse, encode_typed_event
 from headrace.api.state import AppState, app_state
 from headrace.api.text import printable
-from headrace.engine.client import EngineClient, GenerationChunk
+from headrace.engine.frontend.client import EngineClient, GenerationChunk
 
 router = APIRouter()
 

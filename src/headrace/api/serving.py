@@ -21,7 +21,7 @@ from headrace.api.request_trace import traced
 from headrace.api.sse import DONE, error_event, wait_for_disconnect
 from headrace.api.state import AppState
 from headrace.api.usage_record import record_usage
-from headrace.engine.client import GenerationChunk
+from headrace.engine.frontend.client import GenerationChunk
 from headrace.engine.limits import DoesNotFit
 from headrace.request import FinishReason
 

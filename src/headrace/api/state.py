@@ -14,7 +14,7 @@ from headrace.api.grammar_cache import GrammarCache
 from headrace.api.response_store import ResponseStore
 from headrace.api.structured import grammar_cache
 from headrace.config import ServerConfig
-from headrace.engine.client import EngineClient
+from headrace.engine.frontend.client import EngineClient
 from headrace.gateway.base import Gateway, Tenant
 from headrace.gateway.reload import GatewayReloader
 from headrace.ledger.writer import Ledger

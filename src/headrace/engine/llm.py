@@ -11,12 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.client import GenerationChunk
-from headrace.engine.engine_core import EngineCore, Runner
+from headrace.engine.core.engine_core import EngineCore, Runner
+from headrace.engine.frontend.client import GenerationChunk
+from headrace.engine.frontend.text_stream import RequestTextStream
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.messages import EngineCoreRequest, TokenLogprobs
-from headrace.engine.text_stream import RequestTextStream
-from headrace.engine.tokenizer import Tokenizer
-from headrace.engine.waiting_queue import WaitingQueue
+from headrace.engine.sched.waiting_queue import WaitingQueue
 from headrace.loader.cache import resolve_model
 from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import FinishReason, SamplingParams

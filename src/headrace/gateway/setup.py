@@ -15,7 +15,7 @@ from typing import Protocol
 from prometheus_client.registry import Collector
 
 from headrace.config import GatewayConfig
-from headrace.engine.client import EngineClient
+from headrace.engine.frontend.client import EngineClient
 from headrace.gateway.access import InternalAccess
 from headrace.gateway.admin_key import ENV, AdminKeySource
 from headrace.gateway.base import Gateway, OpenGateway, Tenant

@@ -1,5 +1,5 @@
 /* Per-token bounds of the int8 head's logits, kept per group of 16 vocabulary rows for the
- * exact sampler (int8_head.py, engine/screened_sampler.py).
+ * exact sampler (int8_head.py, engine/runner/screened_sampler.py).
  *
  * The screen gives each token v a logit a_v within b_v of x . w_v (int8_head.c derives b_v);
  * ub_v = a_v + b_v and lb_v = a_v - b_v then bracket the fp32 logit. A sampled row reads the

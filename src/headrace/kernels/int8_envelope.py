@@ -1,5 +1,5 @@
 """Bounds of the full-precision logits from the int8 head, for exact sampling
-(engine/screened_sampler.py; the kernels are head_envelope_q8 and head_bounds_q8 in
+(engine/runner/screened_sampler.py; the kernels are head_envelope_q8 and head_bounds_q8 in
 int8_head.c, the bound is derived there).
 
 Every token v of a row x gets lb_v <= x . w_v <= ub_v (the two-limb screen's proven bound,

@@ -12,7 +12,7 @@ practice).
 The int8 sums run on AMX tiles where the CPU has them (4 rows and more), else on AVX-512 VNNI,
 where from 5 rows one u8 limb with the outlier channels in fp32 (int8_screen.py) replaces the
 two limbs while the rows are not flat. Picks every plain greedy row (no logprobs, grammar or
-processors) of every step (engine/head_picks.py), in blocks of `max_rows`, where it beats the
+processors) of every step (engine/runner/head_picks.py), in blocks of `max_rows`, where it beats the
 full head: 256 with AMX (2.2x faster than the bf16 matmul at 32 rows, 2.2x at 128), 128 with
 VNNI alone (on Gemma's hidden states, against the bf16 matmul: 12.9 vs 18.6 ms at 16 rows on
 text, 16.7 vs 19.0 on random-token prompts, 28.6 vs 34.5 at 32 rows, 73 vs 130 at 128;

@@ -10,7 +10,8 @@ tokens live in the blocks of its block table. Each step, new K/V go to their slo
   bf16 on the CPU through blocked matmuls (causal_attention.py), others with
   `scaled_dot_product_attention`.
 
-`AttentionMetadata` is built once per step (see `engine/step_inputs.py`) and shared by layers.
+`AttentionMetadata` is built once per step (see `engine/runner/step_inputs.py`) and shared by
+layers.
 """
 
 from __future__ import annotations

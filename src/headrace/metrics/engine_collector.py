@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from headrace.engine.client import EngineClient
+    from headrace.engine.frontend.client import EngineClient
 
 PREFIX = "headrace:"
 GAUGE, COUNTER = GaugeMetricFamily, CounterMetricFamily

@@ -25,7 +25,7 @@ from headrace.metrics.tracing import RequestTracer
 from headrace.metrics.window import Finished, RequestWindow
 
 if TYPE_CHECKING:
-    from headrace.engine.client import EngineClient
+    from headrace.engine.frontend.client import EngineClient
 
 PREFIX = "headrace:"
 LATENCY_BUCKETS = (

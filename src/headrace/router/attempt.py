@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.replica import Replica
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from headrace.engine.client import GenerateOptions
+from headrace.engine.frontend.client import GenerateOptions
 
 _MIN_TIMEOUT_S = 0.001
 

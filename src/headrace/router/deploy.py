@@ -31,7 +31,7 @@ from headrace.config import (
     RouterConfig,
     SchedulerConfig,
 )
-from headrace.engine.client import EngineClient
+from headrace.engine.frontend.client import EngineClient
 from headrace.router.autoscale_loop import AutoscaleLoop
 from headrace.router.autoscaler import Autoscaler
 from headrace.router.lora_changes import LoraChanges
@@ -165,7 +165,7 @@ def _starter(
         return starter
 
     async def start() -> EngineClient:
-        from headrace.engine.async_engine import AsyncEngine
+        from headrace.engine.frontend.async_engine import AsyncEngine
 
         engine = await AsyncEngine.start(model_cfg, cache_cfg, sched_cfg, served_model_name=name)
         if lora_changes is not None:  # a restart or a new replica: the adapters of its peers

@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from headrace.engine.lora_stats import add_counts
 from headrace.engine.messages import StepStats
+from headrace.engine.sched.lora_stats import add_counts
 
 SETTLE_REPORTS = 3
 NOT_REPORTED_FREE_BLOCKS = 1 << 30  # a replica yet to report is empty: it wins a tie

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from headrace.engine.client import EngineClient
+from headrace.engine.frontend.client import EngineClient
 
 log = logging.getLogger(__name__)
 

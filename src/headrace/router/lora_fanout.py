@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from headrace.engine.client import EngineClient
+from headrace.engine.frontend.client import EngineClient
 from headrace.router.lora_changes import LoraChanges
 from headrace.router.router import Router
 

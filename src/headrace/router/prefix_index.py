@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from headrace.engine.prefix_cache import BlockHash, block_hash, root_hash
+from headrace.engine.kv.prefix_cache import BlockHash, block_hash, root_hash
 
 ROUTING_BLOCK = 16  # tokens per hashed block; the engines' own block size need not match
 MAX_BLOCKS_PER_REPLICA = 1 << 16  # about a million tokens of prompts remembered

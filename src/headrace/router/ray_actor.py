@@ -26,10 +26,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.async_engine import AsyncEngine
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.async_engine import AsyncEngine
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.messages import StepStats
-from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
 
 log = logging.getLogger("headrace.router")

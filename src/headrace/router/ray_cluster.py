@@ -26,7 +26,7 @@ import socket
 from typing import Any
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.client import EngineClient
+from headrace.engine.frontend.client import EngineClient
 from headrace.router.ray_actor import ReplicaActor, settings_of
 from headrace.router.ray_replica import RayEngine
 

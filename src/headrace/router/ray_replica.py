@@ -29,9 +29,9 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from typing import Any
 
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.messages import StepStats
-from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.ray_actor import Pulled, Refusal, ReplicaReady
 from headrace.router.wire import time_left

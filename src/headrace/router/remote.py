@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import msgspec
 
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.messages import StepStats
-from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.wire import chunk_from_json, request_json, stats_from_json
 

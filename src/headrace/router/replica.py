@@ -15,8 +15,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from headrace.engine.client import EngineClient
-from headrace.engine.tokenizer import Tokenizer
+from headrace.engine.frontend.client import EngineClient
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.router.load import LoadTracker
 from headrace.router.policies import Candidate
 from headrace.router.prefix_index import PrefixIndex

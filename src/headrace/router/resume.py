@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from headrace.engine.client import GenerationChunk
-from headrace.engine.detokenizer import IncrementalDetokenizer
-from headrace.engine.stop_strings import StopStringMatcher
-from headrace.engine.tokenizer import Tokenizer
+from headrace.engine.frontend.client import GenerationChunk
+from headrace.engine.frontend.detokenizer import IncrementalDetokenizer
+from headrace.engine.frontend.stop_strings import StopStringMatcher
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
 
 _REPLACEMENT = "\ufffd"

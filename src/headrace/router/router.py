@@ -22,9 +22,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Protocol
 
 from headrace.config import RouterConfig
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.messages import StepStats
-from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.attempt import Attempt
 from headrace.router.deadlines import deadline_of, time_left_since

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from headrace.engine.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.engine.messages import StepStats, TokenLogprobs
 from headrace.request import FinishReason, SamplingParams
 

@@ -32,12 +32,6 @@ def prompt_tokens(s: ScheduledRequest, req: Request) -> int:
     return max(0, min(len(s.token_ids), req.num_prompt_tokens - s.start_pos))
 
 
-def known_tokens(req: Request) -> list[int]:
-    """The tokens a waiting request will compute: its prompt, and after a preemption the
-    tokens it had generated too."""
-    return req.prompt_token_ids if not req.output_token_ids else req.all_token_ids
-
-
 def token_slice(req: Request, start: int, n: int) -> list[int]:
     """all_token_ids[start : start + n] without copying a long prompt for every decode."""
     p = req.num_prompt_tokens

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from headrace.engine.client import GenerationChunk
-from headrace.engine.detokenizer import IncrementalDetokenizer, TokenDecoder
+from headrace.engine.frontend.client import GenerationChunk
+from headrace.engine.frontend.detokenizer import IncrementalDetokenizer, TokenDecoder
+from headrace.engine.frontend.stop_strings import StopStringMatcher
 from headrace.engine.messages import RequestOutput
-from headrace.engine.stop_strings import StopStringMatcher
 from headrace.request import FinishReason, SamplingParams
 
 

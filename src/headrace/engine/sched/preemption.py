@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from headrace.config import SchedulerConfig
-from headrace.engine.block_manager import BlockManager
+from headrace.engine.kv.block_manager import BlockManager
 from headrace.request import Request
 
 

@@ -8,7 +8,7 @@ therefore always goes to the int8 head where the runner has one, whatever shares
 sampled neighbour, a grammar, more rows than the head's sweet spot): a greedy request's tokens
 do not depend on its neighbours. The other rows (sampled, logprobs, grammar, processors) and the
 drafts of such requests take the full head's logits as before, except the plain sampled rows
-(engine/screened_sampler.py: no processors, logprobs, grammar or seed), which the runner's
+(engine/runner/screened_sampler.py: no processors, logprobs, grammar or seed), which the runner's
 screened sampler draws exactly from the int8 head's bounds where it has one.
 
 Rows: the step's sampled rows, one per request, then the draft rows, request after request.
@@ -23,9 +23,9 @@ import torch
 
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.sampler import Sampler
-from headrace.engine.screened_sampler import ScreenedSampler, screened_row
-from headrace.engine.structured import GrammarEnds, GrammarMasks
+from headrace.engine.runner.sampler import Sampler
+from headrace.engine.runner.screened_sampler import ScreenedSampler, screened_row
+from headrace.engine.runner.structured import GrammarEnds, GrammarMasks
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
 

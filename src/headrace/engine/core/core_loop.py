@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.engine_core import EngineCore, Runner
+from headrace.engine.core.engine_core import EngineCore, Runner
 from headrace.engine.messages import (
     AbortRequests,
     CoreOutputs,
@@ -23,7 +23,7 @@ from headrace.engine.messages import (
     Shutdown,
     ToCore,
 )
-from headrace.engine.waiting_queue import WaitingQueue
+from headrace.engine.sched.waiting_queue import WaitingQueue
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class CoreSpec:
 
     def build(self) -> EngineCore:
         if self.runner_factory is None:
-            from headrace.engine.model_runner import ModelRunner  # torch: only in the core
+            from headrace.engine.runner.model_runner import ModelRunner  # torch: only in the core
 
             runner: Runner = ModelRunner(self.model_config, self.cache_config)
         else:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.sampler import Sampler
+from headrace.engine.runner.sampler import Sampler
 from headrace.kernels.int8_envelope import GroupEnvelope, Int8Envelope
 from headrace.kernels.int8_head import Int8GreedyHead
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from headrace.config import SchedulerConfig
-from headrace.engine.ngram_proposer import NgramProposer
-from headrace.engine.speculation import drafts_for, next_window
+from headrace.engine.sched.ngram_proposer import NgramProposer
+from headrace.engine.sched.speculation import drafts_for, next_window
 from headrace.request import Request
 
 

@@ -11,13 +11,18 @@ KVCacheManager; `block_manager.BlockManager` does the bookkeeping underneath).
 
 from __future__ import annotations
 
-from headrace.engine.block_manager import BlockManager
-from headrace.engine.step_plan import known_tokens
+from headrace.engine.kv.block_manager import BlockManager
 from headrace.request import Request
 
 # Admission keeps this share of the pool free so that running requests can grow a block
 # without preempting a request that was admitted a step earlier.
 WATERMARK = 0.01
+
+
+def known_tokens(req: Request) -> list[int]:
+    """The tokens a waiting request will compute: its prompt, and after a preemption the
+    tokens it had generated too."""
+    return req.prompt_token_ids if not req.output_token_ids else req.all_token_ids
 
 
 class KVManager:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from headrace.engine.model_runner import ModelRunner
 from headrace.engine.outputs import ScheduledRequest, SchedulerOutput
+from headrace.engine.runner.model_runner import ModelRunner
 from headrace.request import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 30)

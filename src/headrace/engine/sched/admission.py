@@ -8,7 +8,7 @@ run that batch to completion with no joins.
 from __future__ import annotations
 
 from headrace.config import SchedulerConfig
-from headrace.engine.waiting_queue import WaitingQueue
+from headrace.engine.sched.waiting_queue import WaitingQueue
 from headrace.request import Request
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from headrace.engine.ngram_proposer import NgramProposer
+from headrace.engine.sched.ngram_proposer import NgramProposer
 from headrace.request import Request
 
 

@@ -1,7 +1,7 @@
 """The order in which waiting requests are admitted.
 
 Two implementations: priority-then-arrival (`PriorityQueue`, the default) and per-tenant fair
-sharing within a priority (`headrace.engine.fair_queue.FairQueue`, used by the gateway).
+sharing within a priority (`headrace.engine.sched.fair_queue.FairQueue`, used by the gateway).
 """
 
 from __future__ import annotations

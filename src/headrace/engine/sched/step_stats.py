@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from headrace.engine.block_manager import BlockManager
+from headrace.engine.kv.block_manager import BlockManager
 from headrace.engine.messages import StepStats
-from headrace.engine.waiting_queue import WaitingQueue, waiting_by_priority
+from headrace.engine.sched.waiting_queue import WaitingQueue, waiting_by_priority
 from headrace.request import Request
 
 

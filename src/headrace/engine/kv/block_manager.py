@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Sequence
 
-from headrace.engine.prefix_cache import BlockHash, PrefixCache, block_hash, root_hash
+from headrace.engine.kv.prefix_cache import BlockHash, PrefixCache, block_hash, root_hash
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

@@ -14,7 +14,7 @@ import threading
 import traceback
 from collections.abc import Callable
 
-from headrace.engine.core_loop import CoreSpec, run_core_loop
+from headrace.engine.core.core_loop import CoreSpec, run_core_loop
 from headrace.engine.messages import CoreFailed, FromCore, Shutdown, ToCore
 
 log = logging.getLogger(__name__)

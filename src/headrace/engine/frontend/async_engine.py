@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.client import GenerateOptions, GenerationChunk
-from headrace.engine.core_connection import CoreConnection
-from headrace.engine.core_link import CoreBusyError
-from headrace.engine.core_loop import CoreSpec, QueueFactory, RunnerFactory
+from headrace.engine.core.core_connection import CoreConnection
+from headrace.engine.core.core_link import CoreBusyError
+from headrace.engine.core.core_loop import CoreSpec, QueueFactory, RunnerFactory
+from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
+from headrace.engine.frontend.lora_commands import LoraCommands
+from headrace.engine.frontend.text_stream import RequestTextStream
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.limits import check_fits
-from headrace.engine.lora_commands import LoraCommands
 from headrace.engine.messages import (
     AbortRequests,
     CoreFailed,
@@ -36,8 +38,6 @@ from headrace.engine.messages import (
     RequestOutput,
     StepStats,
 )
-from headrace.engine.text_stream import RequestTextStream
-from headrace.engine.tokenizer import Tokenizer
 from headrace.loader.cache import resolve_model
 from headrace.loader.errors import ModelLoadError
 from headrace.loader.tokenizer import load_tokenizer
@@ -94,11 +94,11 @@ class AsyncEngine:
         spec = CoreSpec(model_config, cache, sched, queue_factory, runner_factory)
         conn: CoreConnection
         if in_process:
-            from headrace.engine.core_thread import ThreadCore
+            from headrace.engine.core.core_thread import ThreadCore
 
             conn = ThreadCore(spec, served_model_name)
         else:
-            from headrace.engine.core_proc import ProcessCore
+            from headrace.engine.core.core_proc import ProcessCore
 
             conn = ProcessCore(spec, served_model_name)
         return await cls.open(conn, tokenizer, startup_timeout_s)

@@ -16,8 +16,8 @@ from typing import Protocol
 import msgspec
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.block_manager import BlockManager
-from headrace.engine.lora_stats import lora_counts
+from headrace.engine.core.step_retry import execute_isolating_failures
+from headrace.engine.kv.block_manager import BlockManager
 from headrace.engine.messages import (
     CoreReady,
     EngineCoreRequest,
@@ -27,16 +27,16 @@ from headrace.engine.messages import (
     StepStats,
 )
 from headrace.engine.outputs import RunnerOutput, SchedulerOutput
-from headrace.engine.scheduler import Scheduler
-from headrace.engine.step_retry import execute_isolating_failures
-from headrace.engine.waiting_queue import WaitingQueue
+from headrace.engine.sched.lora_stats import lora_counts
+from headrace.engine.sched.scheduler import Scheduler
+from headrace.engine.sched.waiting_queue import WaitingQueue
 from headrace.request import FinishReason, Request
 
 log = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
-    """What the core needs of a model runner (`headrace.engine.model_runner.ModelRunner`)."""
+    """What the core needs of a model runner (`headrace.engine.runner.model_runner.ModelRunner`)."""
 
     @property
     def num_kv_blocks(self) -> int: ...
@@ -89,7 +89,9 @@ class EngineCore:
         queue: WaitingQueue | None = None,
     ) -> EngineCore:
         """Load the model named by `model_config` and build a core around it."""
-        from headrace.engine.model_runner import ModelRunner  # torch: import only when needed
+        from headrace.engine.runner.model_runner import (
+            ModelRunner,  # torch: import only when needed
+        )
 
         runner = ModelRunner(model_config, cache_config)
         caching = cache_config.enable_prefix_caching

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.messages import StepStats, TokenLogprobs
-from headrace.engine.tokenizer import Tokenizer
 from headrace.request import FinishReason, SamplingParams
 
 

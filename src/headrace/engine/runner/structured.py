@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from headrace.engine.logits_processors import bad_word_bans
 from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.runner.logits_processors import bad_word_bans
 from headrace.kernels.token_mask import mask_tokens
 
 if TYPE_CHECKING:

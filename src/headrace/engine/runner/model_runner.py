@@ -11,16 +11,16 @@ from pathlib import Path
 import torch
 
 from headrace.config import CacheConfig, ModelConfig
-from headrace.engine.determinism import choose_matmuls
-from headrace.engine.head_picks import pick_tokens
-from headrace.engine.kv_budget import kv_budget_gib
-from headrace.engine.kv_cache import KVCache, blocks_for_budget
+from headrace.engine.kv.kv_budget import kv_budget_gib
+from headrace.engine.kv.kv_cache import KVCache, blocks_for_budget
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
-from headrace.engine.sampler import Sampler
-from headrace.engine.screened_sampler import ScreenedSampler
-from headrace.engine.step_inputs import build_step_inputs
-from headrace.engine.structured import GrammarMasks
+from headrace.engine.runner.determinism import choose_matmuls
+from headrace.engine.runner.head_picks import pick_tokens
+from headrace.engine.runner.sampler import Sampler
+from headrace.engine.runner.screened_sampler import ScreenedSampler
+from headrace.engine.runner.step_inputs import build_step_inputs
+from headrace.engine.runner.structured import GrammarMasks
 from headrace.kernels.build import switched_on
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_head import supported as int8_head_supported

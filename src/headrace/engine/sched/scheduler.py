@@ -14,22 +14,22 @@ from collections.abc import Callable, Iterable
 from functools import partial
 
 from headrace.config import SchedulerConfig
-from headrace.engine.admission import make_admission
-from headrace.engine.block_manager import BlockManager
-from headrace.engine.fair_queue import FairQueue
-from headrace.engine.kv_manager import KVManager
+from headrace.engine.kv.block_manager import BlockManager
+from headrace.engine.kv.kv_manager import KVManager
 from headrace.engine.limits import check_fits
 from headrace.engine.messages import RequestOutput, StepStats
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
-from headrace.engine.preemption import victims_to_admit
-from headrace.engine.request_report import expired_status, request_output
-from headrace.engine.speculation import accept
-from headrace.engine.speculator import Speculator
-from headrace.engine.step_budget import StepBudget
-from headrace.engine.step_plan import prompt_tokens, scheduled_request
-from headrace.engine.step_stats import collect_stats
-from headrace.engine.stop_checker import append_until_stop
-from headrace.engine.waiting_queue import WaitingQueue
+from headrace.engine.sched.admission import make_admission
+from headrace.engine.sched.fair_queue import FairQueue
+from headrace.engine.sched.preemption import victims_to_admit
+from headrace.engine.sched.request_report import expired_status, request_output
+from headrace.engine.sched.speculation import accept
+from headrace.engine.sched.speculator import Speculator
+from headrace.engine.sched.step_budget import StepBudget
+from headrace.engine.sched.step_plan import prompt_tokens, scheduled_request
+from headrace.engine.sched.step_stats import collect_stats
+from headrace.engine.sched.stop_checker import append_until_stop
+from headrace.engine.sched.waiting_queue import WaitingQueue
 from headrace.request import Request, RequestStatus
 
 log = logging.getLogger(__name__)

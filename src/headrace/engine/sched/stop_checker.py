@@ -1,6 +1,6 @@
 """Token-level stop conditions, checked by the scheduler after each sampled token.
 
-Stop strings are text-level and live with the detokenizer (`headrace.engine.stop_strings`).
+Stop strings are text-level and live with the detokenizer (`headrace.engine.frontend.stop_strings`).
 """
 
 from __future__ import annotations

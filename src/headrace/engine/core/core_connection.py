@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from headrace.engine.core_loop import CoreSpec
+from headrace.engine.core.core_loop import CoreSpec
 from headrace.engine.messages import FromCore, ToCore
 
 

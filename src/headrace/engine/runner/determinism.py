@@ -17,7 +17,7 @@ import logging
 from headrace.config import ModelConfig
 from headrace.models.base import CausalLM
 
-log = logging.getLogger("headrace.engine.model_runner")  # the runner's load-time lines
+log = logging.getLogger("headrace.engine.runner.model_runner")  # the runner's load-time lines
 
 
 def choose_matmuls(model: CausalLM, config: ModelConfig) -> None:

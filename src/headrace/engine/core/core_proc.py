@@ -23,13 +23,13 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from headrace.engine.core_link import (
+from headrace.engine.core.core_link import (
     FRONT_END_STUCK_EXIT,
     CoreBusyError,
     CoreLink,
     FrontEndStuckError,
 )
-from headrace.engine.core_loop import CoreSpec, run_core_loop
+from headrace.engine.core.core_loop import CoreSpec, run_core_loop
 from headrace.engine.messages import (
     CoreFailed,
     EngineCoreRequest,
@@ -64,7 +64,7 @@ def core_process_main(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s core %(levelname)s: %(message)s")
     # The runner's load-time choices (KV blocks, int8 projections): a few lines a start, and
     # the only place a server's log says which kernels it took.
-    logging.getLogger("headrace.engine.model_runner").setLevel(logging.INFO)
+    logging.getLogger("headrace.engine.runner.model_runner").setLevel(logging.INFO)
     link = link or CoreLink()
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 import torch
 
-from headrace.engine.logits_processors import apply_processors
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.top_p import top_p_sets
+from headrace.engine.runner.logits_processors import apply_processors
+from headrace.engine.runner.top_p import top_p_sets
 from headrace.kernels.argmax import argmax_rows
 from headrace.request import GREEDY_BELOW_TEMPERATURE
 
