@@ -65,13 +65,22 @@ async def admit(
     """All the checks, cheapest first; `encode` tokenizes the prompt for the chosen engine.
     `n` choices are admitted as one request whose output may be `n` times `max_tokens`. A
     known tenant's refusal goes to the ledger (an unknown caller's does not: it could fill it)."""
-    tenant = state.gateway.authenticate(request.headers)
+    tenant = caller(state, request)
     admitting = _admit(state, request, tenant, body, encode, max_tokens, logprobs, id_prefix, n)
     try:
         return await admitting
     except (APIError, GatewayError) as e:
         record_refusal(state, request, tenant.name, body.model, e.status)
         raise
+
+
+def caller(state: AppState, request: Request) -> Tenant:
+    """Who is asking: a batch line's owner (set in the scope by `batch_call`, in process),
+    else the tenant of the request's key."""
+    tenant = request.scope.get("headrace.tenant")
+    if isinstance(tenant, Tenant):
+        return tenant
+    return state.gateway.authenticate(request.headers)
 
 
 async def _admit(

@@ -12,6 +12,7 @@ from fastapi import Request
 from headrace.api.errors import APIError
 from headrace.api.grammar_cache import GrammarCache
 from headrace.api.structured import grammar_cache
+from headrace.batches.service import Batches
 from headrace.config import ServerConfig
 from headrace.engine.client import EngineClient
 from headrace.gateway.base import Gateway
@@ -32,6 +33,7 @@ class AppState:
     reloader: GatewayReloader | None = None  # SIGHUP and POST /admin/reload
     grammars: GrammarCache = field(default_factory=grammar_cache)  # compiled, by source
     ledger: Ledger | None = None  # usage and audit records (--no-ledger: None)
+    batches: Batches | None = None  # the Batch API's files and jobs (--batch-dir off: None)
 
     def engine_for(self, model: str | None) -> tuple[str, EngineClient]:
         """The engine serving `model`; no model means the first one."""

@@ -1,0 +1,107 @@
+"""OpenAI's Batch API over HTTP: `/v1/files` (upload a batch's input, read, list, delete) and
+`/v1/batches` (create, read, list, cancel). Thin: the work is `headrace.batches.service`'s.
+
+Every route acts for the caller's tenant (its key; the open server's one tenant); another
+tenant's file or batch is a 404. 404 for all of them on a server started with `--batch-dir off`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.datastructures import UploadFile
+
+from headrace.api.errors import APIError
+from headrace.api.schemas import error_responses
+from headrace.api.state import AppState, app_state
+from headrace.batches.service import BatchError, Batches
+
+router = APIRouter(tags=["batches"], responses=error_responses(400, 401, 404, 413))
+T = TypeVar("T")
+
+
+@router.post("/v1/files")
+async def upload_file(request: Request) -> dict[str, Any]:
+    """multipart/form-data: `file` (JSONL of requests) and `purpose` ("batch")."""
+    batches, tenant = _caller(request)
+    # Not a form: an empty one; a broken form: starlette's 400.
+    async with request.form(max_files=1, max_fields=8) as form:
+        upload, purpose = form.get("file"), form.get("purpose")
+        if not isinstance(upload, UploadFile):
+            raise APIError(400, "a multipart form with a 'file' part is required", param="file")
+        data = await upload.read()
+        name = upload.filename or "upload.jsonl"
+    return await _answer(batches.upload(tenant, name, str(purpose or ""), data))
+
+
+@router.get("/v1/files")
+async def list_files(request: Request, purpose: str | None = None) -> dict[str, Any]:
+    batches, tenant = _caller(request)
+    return await _answer(batches.files(tenant, purpose))
+
+
+@router.get("/v1/files/{file_id}")
+async def get_file(request: Request, file_id: str) -> dict[str, Any]:
+    batches, tenant = _caller(request)
+    return await _answer(batches.file(tenant, file_id))
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(request: Request, file_id: str) -> Response:
+    batches, tenant = _caller(request)
+    data = await _answer(batches.content(tenant, file_id))
+    return Response(data, media_type="application/jsonl")
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
+    batches, tenant = _caller(request)
+    return await _answer(batches.delete(tenant, file_id))
+
+
+@router.post("/v1/batches")
+async def create_batch(request: Request) -> dict[str, Any]:
+    """`{input_file_id, endpoint, completion_window: "24h", metadata}`."""
+    batches, tenant = _caller(request)
+    try:
+        body = await request.json()
+    except ValueError as e:
+        raise APIError(400, f"the body is not JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise APIError(400, "the body must be a JSON object")
+    return await _answer(batches.create(tenant, body))
+
+
+@router.get("/v1/batches")
+async def list_batches(request: Request, limit: int = 20, after: str | None = None) -> Any:
+    batches, tenant = _caller(request)
+    return await _answer(batches.batches(tenant, limit, after))
+
+
+@router.get("/v1/batches/{batch_id}")
+async def get_batch(request: Request, batch_id: str) -> dict[str, Any]:
+    batches, tenant = _caller(request)
+    return await _answer(batches.batch(tenant, batch_id))
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+async def cancel_batch(request: Request, batch_id: str) -> dict[str, Any]:
+    batches, tenant = _caller(request)
+    return await _answer(batches.cancel(tenant, batch_id))
+
+
+def _caller(request: Request) -> tuple[Batches, str]:
+    state: AppState = app_state(request)
+    if state.batches is None:
+        raise APIError(404, "this server runs no Batch API (it was started with --batch-dir off)")
+    return state.batches, state.gateway.authenticate(request.headers).name
+
+
+async def _answer(work: Awaitable[T]) -> T:
+    try:
+        return await work
+    except BatchError as e:
+        raise APIError(e.status, e.message, param=e.param) from e
