@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,9 @@ def jsonl(lines: list[Any]) -> bytes:
     return "".join(json.dumps(x) + "\n" for x in lines).encode()
 
 
-def upload(c: httpx.AsyncClient, data: bytes, headers: dict[str, str], purpose: str = "batch"):  # type: ignore[no-untyped-def]
+def upload(
+    c: httpx.AsyncClient, data: bytes, headers: dict[str, str], purpose: str = "batch"
+) -> Awaitable[httpx.Response]:
     files = {"file": ("in.jsonl", data, "application/jsonl")}
     return c.post("/v1/files", files=files, data={"purpose": purpose}, headers=headers)
 
