@@ -18,7 +18,7 @@ from fake_engine import ScriptEngine
 from api.inprocess import make_app, script_engine, session
 from api.route_coverage import covers
 from api.test_inprocess_ledger import ACME, gateway
-from headrace.config import BatchConfig
+from headrace.config import BatchConfig, ServerConfig
 
 BOB = {"authorization": "Bearer bob-key"}
 LINES = [
@@ -105,7 +105,7 @@ def test_a_batch_runs_its_lines_as_the_tenants_batch_tier(tmp_path: Path) -> Non
 
 def test_bad_uploads_and_batches_are_400s_that_say_why(tmp_path: Path) -> None:
     cfg = BatchConfig(batch_dir=str(tmp_path / "b"), batch_max_lines=4)
-    app = make_app(script_engine(), gateway(tmp_path), batch=cfg)
+    app = make_app(script_engine(), gateway(tmp_path), ServerConfig(max_body_bytes=400), batch=cfg)
     broken = jsonl(LINES[:1]) + b"{not json\n"
     wrong_url = jsonl([LINES[0], {**LINES[1], "url": "/v1/embeddings"}])
 
@@ -114,6 +114,8 @@ def test_bad_uploads_and_batches_are_400s_that_say_why(tmp_path: Path) -> None:
         out.append(await upload(c, jsonl([*LINES, LINES[0]]), ACME))  # custom_id twice
         many = [{**LINES[0], "custom_id": f"m{i}"} for i in range(5)]
         out.append(await upload(c, jsonl(many), ACME))  # over --batch-max-lines
+        long = {**LINES[1], "body": {"prompt": "x" * 400}}
+        out.append(await upload(c, jsonl([LINES[0], long]), ACME))  # over the body limit
         out.append(await upload(c, jsonl(LINES), ACME, purpose="fine-tune"))
         out.append(await c.post("/v1/files", json={"file": "x"}, headers=ACME))
         chat_file = (await upload(c, jsonl(LINES), ACME)).json()["id"]
@@ -129,17 +131,18 @@ def test_bad_uploads_and_batches_are_400s_that_say_why(tmp_path: Path) -> None:
 
     answers = session(app, work)
     statuses = [r.status_code for r in answers]
-    assert statuses == [400] * 8 + [404, 401], [r.text for r in answers]
+    assert statuses == [400] * 9 + [404, 401], [r.text for r in answers]
     messages = [r.json()["error"]["message"] for r in answers]
     assert messages[0].startswith("line 2: not valid JSON"), messages[0]
     assert messages[1].startswith("line 2: url must be one of"), messages[1]
     assert "custom_id 'r0' is used twice" in messages[2] and "line 4" in messages[2]
     assert messages[3] == "line 5: the file has more than 4 requests"
-    assert messages[4].startswith("purpose must be")
-    assert messages[5].startswith("a multipart form with a 'file' part")
-    assert "line 1: url /v1/completions is not the batch's endpoint" in messages[6]
-    assert answers[7].json()["error"]["param"] == "completion_window"
-    assert answers[8].json()["error"]["param"] == "input_file_id"
+    assert messages[4] == "line 2: longer than the limit of 400 bytes"
+    assert messages[5].startswith("purpose must be")
+    assert messages[6].startswith("a multipart form with a 'file' part")
+    assert "line 1: url /v1/completions is not the batch's endpoint" in messages[7]
+    assert answers[8].json()["error"]["param"] == "completion_window"
+    assert answers[9].json()["error"]["param"] == "input_file_id"
 
 
 def test_without_a_batch_directory_the_routes_are_404(tmp_path: Path) -> None:

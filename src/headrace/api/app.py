@@ -76,7 +76,7 @@ def build_app(
     install_error_handlers(app)
     uploads = None
     if batch is not None and batch.enabled:
-        state.batches = Batches(batch, in_process(app, gateway))
+        state.batches = Batches(batch, in_process(app, gateway), config.max_body_bytes)
         uploads = ("/v1/files", batch.batch_max_file_bytes + _FORM_SLACK)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes, uploads=uploads)
     for module in (generate, openai, chat):

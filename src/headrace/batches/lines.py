@@ -26,8 +26,9 @@ class InputLine:
     body: dict[str, Any]
 
 
-def parse_input(data: bytes, max_lines: int) -> list[InputLine]:
-    """Every line of a batch input file (blank lines skipped); InputError for the first bad one."""
+def parse_input(data: bytes, max_lines: int, max_line_bytes: int | None = None) -> list[InputLine]:
+    """Every line of a batch input file (blank lines skipped); InputError for the first bad one.
+    `max_line_bytes`: the server's body limit (a line is one request's body, and more)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -37,6 +38,8 @@ def parse_input(data: bytes, max_lines: int) -> list[InputLine]:
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
+        if max_line_bytes is not None and len(raw.encode()) > max_line_bytes:
+            raise InputError(f"line {number}: longer than the limit of {max_line_bytes} bytes")
         if len(lines) == max_lines:
             raise InputError(f"line {number}: the file has more than {max_lines} requests")
         line = _parse_line(raw, number, len(lines))

@@ -36,8 +36,10 @@ def batch_dir(cfg: BatchConfig) -> Path:
 
 
 class Batches:
-    def __init__(self, cfg: BatchConfig, execute: Execute) -> None:
+    def __init__(self, cfg: BatchConfig, execute: Execute, max_line_bytes: int) -> None:
+        """`max_line_bytes`: the server's request body limit, which each line must keep."""
         self.cfg = cfg
+        self.max_line_bytes = max_line_bytes
         self.store = BatchStore(batch_dir(cfg))
         self.runner = BatchRunner(self.store, execute, cfg.batch_concurrency)
 
@@ -54,7 +56,7 @@ class Batches:
             limit = self.cfg.batch_max_file_bytes
             raise BatchError(413, f"the file is larger than the limit of {limit} bytes", "file")
         try:
-            parse_input(data, self.cfg.batch_max_lines)
+            parse_input(data, self.cfg.batch_max_lines, self.max_line_bytes)
         except InputError as e:
             raise BatchError(400, str(e), "file") from e
         row = await asyncio.to_thread(self.store.add_file, tenant, filename, purpose, data)
