@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fake_engine import ScriptEngine
+from fake_engine import ScriptEngine, text_chunks
 
 from api.inprocess import make_app, script_engine, session
 from api.route_coverage import covers
-from api.test_inprocess_ledger import ACME, gateway
+from api.test_inprocess_ledger import ACME, ADMIN, gateway
 from headrace.config import BatchConfig, ServerConfig
+from headrace.ledger.writer import Ledger
 
 BOB = {"authorization": "Bearer bob-key"}
 LINES = [
@@ -153,3 +154,39 @@ def test_without_a_batch_directory_the_routes_are_404(tmp_path: Path) -> None:
         return [(await c.get("/v1/batches")).status_code, (await c.get("/v1/files")).status_code]
 
     assert session(app, work) == [404, 404]
+
+
+def test_the_admin_sees_every_batch_and_its_cancel_is_audited(tmp_path: Path) -> None:
+    slow = script_engine([0.2, *text_chunks(["Hello", " there"])])
+    cfg = BatchConfig(batch_dir=str(tmp_path / "b"), batch_concurrency=1)
+    ledger = Ledger(tmp_path / "l.db", flush_s=60)
+    app = make_app(slow, gateway(tmp_path), ledger=ledger, batch=cfg)
+    lines = [{**LINES[0], "custom_id": f"s{i}"} for i in range(20)]
+
+    async def work(c: httpx.AsyncClient) -> dict[str, Any]:
+        f = (await upload(c, jsonl(lines), ACME)).json()
+        body = {"input_file_id": f["id"], "endpoint": "/v1/completions",
+                "completion_window": "24h"}  # fmt: skip
+        made = (await c.post("/v1/batches", json=body, headers=ACME)).json()
+        seen = (await c.get(f"/v1/batches/{made['id']}", headers=ADMIN)).json()
+        listed = (await c.get("/v1/batches", headers=ADMIN)).json()["data"]
+        cancel = await c.post(f"/v1/batches/{made['id']}/cancel", headers=ADMIN)
+        done = await finished(c, made["id"])
+        audit = (await c.get("/v1/audit", headers=ADMIN)).json()["data"]
+        files = await c.get(f"/v1/files/{f['id']}", headers=ADMIN)  # files: their owner's
+        return {"seen": seen, "listed": listed, "cancel": cancel, "done": done, "audit": audit,
+                "files": files.status_code}  # fmt: skip
+
+    got = session(app, work)
+    assert got["seen"]["id"] == got["done"]["id"] and [b["id"] for b in got["listed"]] == [
+        got["done"]["id"]
+    ]
+    assert got["cancel"].json()["status"] in ("cancelling", "cancelled")
+    assert got["done"]["status"] == "cancelled"
+    assert got["done"]["request_counts"]["completed"] < 20
+    (entry,) = got["audit"]
+    assert (entry["action"], entry["arguments"]) == (
+        "batch.cancel",
+        {"batch_id": got["done"]["id"]},
+    )
+    assert got["files"] == 401

@@ -2,7 +2,9 @@
 `/v1/batches` (create, read, list, cancel). Thin: the work is `headrace.batches.service`'s.
 
 Every route acts for the caller's tenant (its key; the open server's one tenant); another
-tenant's file or batch is a 404. 404 for all of them on a server started with `--batch-dir off`.
+tenant's file or batch is a 404. The admin key reads, lists and cancels any tenant's batches
+(a cancel so made goes to the audit log). 404 for all of them on a server started with
+`--batch-dir off`.
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
+from headrace.api.audit import audit
 from headrace.api.errors import APIError
 from headrace.api.schemas import error_responses
 from headrace.api.state import AppState, app_state
 from headrace.batches.service import BatchError, Batches
+from headrace.gateway.access import Scope
+from headrace.gateway.auth import key_from_headers
+from headrace.gateway.base import GatewayError
+from headrace.ledger.records import key_id
 
 router = APIRouter(tags=["batches"], responses=error_responses(400, 401, 404, 413))
 T = TypeVar("T")
@@ -77,27 +84,47 @@ async def create_batch(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/batches")
 async def list_batches(request: Request, limit: int = 20, after: str | None = None) -> Any:
-    batches, tenant = _caller(request)
+    """The caller's batches, newest first; the admin key's: every tenant's."""
+    batches, tenant = _caller_or_admin(request)
     return await _answer(batches.batches(tenant, limit, after))
 
 
 @router.get("/v1/batches/{batch_id}")
 async def get_batch(request: Request, batch_id: str) -> dict[str, Any]:
-    batches, tenant = _caller(request)
+    batches, tenant = _caller_or_admin(request)
     return await _answer(batches.batch(tenant, batch_id))
 
 
 @router.post("/v1/batches/{batch_id}/cancel")
 async def cancel_batch(request: Request, batch_id: str) -> dict[str, Any]:
-    batches, tenant = _caller(request)
-    return await _answer(batches.cancel(tenant, batch_id))
+    """The owner's cancel; the admin key's cancel of any batch goes to the audit log."""
+    batches, tenant = _caller_or_admin(request)
+    answer = await _answer(batches.cancel(tenant, batch_id))
+    if tenant is None:
+        who = key_id(key_from_headers(request.headers))
+        audit(app_state(request), "batch.cancel", who, {"batch_id": batch_id}, 200, answer)
+    return answer
 
 
 def _caller(request: Request) -> tuple[Batches, str]:
+    """The Batch API and the caller's tenant."""
     state: AppState = app_state(request)
     if state.batches is None:
         raise APIError(404, "this server runs no Batch API (it was started with --batch-dir off)")
     return state.batches, state.gateway.authenticate(request.headers).name
+
+
+def _caller_or_admin(request: Request) -> tuple[Batches, str | None]:
+    """As `_caller`, but None for the admin key's holder (who is no tenant: a tenant's key is
+    tried first)."""
+    try:
+        return _caller(request)
+    except GatewayError:
+        if not app_state(request).gateway.access.allows(Scope.ADMIN, request.headers):
+            raise
+        batches = app_state(request).batches
+        assert batches is not None  # _caller raised a GatewayError, not the 404
+        return batches, None
 
 
 async def _answer(work: Awaitable[T]) -> T:

@@ -2,7 +2,8 @@
 files uploaded, read, listed, deleted; batches created, read, listed, cancelled.
 
 Every lookup is by id *and* tenant: another tenant's file or batch is answered exactly as one
-that does not exist (404), so that ids cannot be probed.
+that does not exist (404), so that ids cannot be probed. The admin (tenant None) may read,
+list and cancel any tenant's batch.
 """
 
 from __future__ import annotations
@@ -113,13 +114,14 @@ class Batches:
         self.runner.start(batch["id"])
         return batch_object(batch)
 
-    async def batch(self, tenant: str, batch_id: str) -> dict[str, Any]:
+    async def batch(self, tenant: str | None, batch_id: str) -> dict[str, Any]:
+        """The batch, if it is `tenant`'s (None: the admin's, any tenant's)."""
         row = await asyncio.to_thread(self.store.batch, batch_id, tenant)
         if row is None:
             raise BatchError(404, f"no batch {batch_id!r}", "batch_id")
         return batch_object(row)
 
-    async def batches(self, tenant: str, limit: int, after: str | None) -> dict[str, Any]:
+    async def batches(self, tenant: str | None, limit: int, after: str | None) -> dict[str, Any]:
         if not 1 <= limit <= 100:
             raise BatchError(400, "limit must be in 1..100", "limit")
         rows = await asyncio.to_thread(self.store.batches, tenant)
@@ -132,7 +134,7 @@ class Batches:
             "last_id": page[-1]["id"] if page else None,
         }  # fmt: skip
 
-    async def cancel(self, tenant: str, batch_id: str) -> dict[str, Any]:
+    async def cancel(self, tenant: str | None, batch_id: str) -> dict[str, Any]:
         await self.batch(tenant, batch_id)  # 404 unless the tenant's
         await self.runner.cancel(batch_id)
         return await self.batch(tenant, batch_id)

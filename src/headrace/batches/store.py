@@ -125,9 +125,12 @@ class BatchStore:
             return None
         return rows[0]
 
-    def batches(self, tenant: str) -> list[Row]:
-        sql = "SELECT * FROM batches WHERE tenant = ? ORDER BY created_at DESC, rowid DESC"
-        return self._rows(sql, tenant)
+    def batches(self, tenant: str | None) -> list[Row]:
+        """The tenant's batches, newest first (None: every tenant's)."""
+        order = " ORDER BY created_at DESC, rowid DESC"
+        if tenant is None:
+            return self._rows("SELECT * FROM batches" + order)
+        return self._rows("SELECT * FROM batches WHERE tenant = ?" + order, tenant)
 
     def unfinished(self) -> list[Row]:
         marks = ", ".join("?" * len(UNFINISHED))
