@@ -10,11 +10,11 @@ tenant's file or batch is a 404. The admin key reads, lists and cancels any tena
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
-from starlette.datastructures import UploadFile
+from pydantic import BaseModel
 
 from headrace.api.audit import audit
 from headrace.api.errors import APIError
@@ -31,17 +31,14 @@ T = TypeVar("T")
 
 
 @router.post("/v1/files")
-async def upload_file(request: Request) -> dict[str, Any]:
+async def upload_file(
+    request: Request, file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()]
+) -> dict[str, Any]:
     """multipart/form-data: `file` (JSONL of requests) and `purpose` ("batch")."""
     batches, tenant = _caller(request)
-    # Not a form: an empty one; a broken form: starlette's 400.
-    async with request.form(max_files=1, max_fields=8) as form:
-        upload, purpose = form.get("file"), form.get("purpose")
-        if not isinstance(upload, UploadFile):
-            raise APIError(400, "a multipart form with a 'file' part is required", param="file")
-        data = await upload.read()
-        name = upload.filename or "upload.jsonl"
-    return await _answer(batches.upload(tenant, name, str(purpose or ""), data))
+    data = await file.read()
+    name = file.filename or "upload.jsonl"
+    return await _answer(batches.upload(tenant, name, purpose, data))
 
 
 @router.get("/v1/files")
@@ -69,17 +66,19 @@ async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
     return await _answer(batches.delete(tenant, file_id))
 
 
+class BatchCreate(BaseModel):
+    """OpenAI's batch request (the values are checked by the service, saying which is wrong)."""
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+
 @router.post("/v1/batches")
-async def create_batch(request: Request) -> dict[str, Any]:
-    """`{input_file_id, endpoint, completion_window: "24h", metadata}`."""
+async def create_batch(body: BatchCreate, request: Request) -> dict[str, Any]:
     batches, tenant = _caller(request)
-    try:
-        body = await request.json()
-    except ValueError as e:
-        raise APIError(400, f"the body is not JSON: {e}") from e
-    if not isinstance(body, dict):
-        raise APIError(400, "the body must be a JSON object")
-    return await _answer(batches.create(tenant, body))
+    return await _answer(batches.create(tenant, body.model_dump()))
 
 
 @router.get("/v1/batches")
