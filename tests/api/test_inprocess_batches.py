@@ -147,13 +147,16 @@ def test_bad_uploads_and_batches_are_400s_that_say_why(tmp_path: Path) -> None:
 
 
 def test_without_a_batch_directory_the_routes_are_404(tmp_path: Path) -> None:
-    engine: ScriptEngine = script_engine()
-    app = make_app(engine, batch=BatchConfig(batch_dir="off"))
+    (tmp_path / "a-file").write_text("not a directory")
+    for where in ("off", str(tmp_path / "a-file")):  # off, or it cannot be opened (logged)
+        engine: ScriptEngine = script_engine()
+        app = make_app(engine, batch=BatchConfig(batch_dir=where))
 
-    async def work(c: httpx.AsyncClient) -> list[int]:
-        return [(await c.get("/v1/batches")).status_code, (await c.get("/v1/files")).status_code]
+        async def work(c: httpx.AsyncClient) -> list[int]:
+            paths = ("/v1/batches", "/v1/files", "/v1/models")
+            return [(await c.get(path)).status_code for path in paths]
 
-    assert session(app, work) == [404, 404]
+        assert session(app, work) == [404, 404, 200]
 
 
 def test_the_admin_sees_every_batch_and_its_cancel_is_audited(tmp_path: Path) -> None:

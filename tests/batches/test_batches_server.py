@@ -215,26 +215,29 @@ def test_a_malformed_upload_is_refused_naming_its_line(server: Server) -> None:
     assert big.status_code == 413, big.text
 
 
-def test_a_killed_server_resumes_the_batch_without_rerunning_a_line(
+def test_a_killed_or_stopped_server_resumes_the_batch_without_rerunning_a_line(
     model: Path, tenants: Path, tmp_path: Path
 ) -> None:
     args = server_args(model, tenants, tmp_path, "--batch-concurrency", "1")
-    lines = completion_lines(12, max_tokens=120, ignore_eos=True)
+    lines = completion_lines(16, max_tokens=120, ignore_eos=True)
     db = tmp_path / "batches" / "batches.db"
     before: dict[str, str] = {}
     batch_id = ""
-    for target in (3, 6):  # killed twice, at different points
+    for target, how in ((3, "kill"), (6, "kill"), (9, "term")):  # killed twice, then stopped
         with running(args, tmp_path, clean_exit=False) as s:
             batch_id = batch_id or start_batch(s.url, "acme", lines)["id"]
             wait_lines(s.url, batch_id, target)
-            s.proc.kill()
-            s.proc.wait()
+            if how == "kill":
+                s.proc.kill()
+                s.proc.wait()
+            else:
+                assert s.stop() == 0, s.log()  # a graceful stop mid-batch
         before.update(finished_lines(db, batch_id))
-        assert target <= len(before) < len(lines)  # killed mid-batch
+        assert target <= len(before) < len(lines)  # stopped mid-batch
     with running(args, tmp_path) as s:
         done = wait_ended(s.url, batch_id)
         assert done["status"] == "completed", done
-        assert done["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
+        assert done["request_counts"] == {"total": 16, "completed": 16, "failed": 0}
         out = content(s.url, done["output_file_id"])
     assert sorted(x["custom_id"] for x in out) == sorted(x["custom_id"] for x in lines)
     after = {x["custom_id"]: x["response"]["request_id"] for x in out}

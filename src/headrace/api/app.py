@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -74,10 +75,10 @@ def build_app(
     )  # fmt: skip
     app.state.headrace = state
     install_error_handlers(app)
+    state.batches = _open_batches(app, gateway, config, batch)
     uploads = None
-    if batch is not None and batch.enabled:
-        state.batches = Batches(batch, in_process(app, gateway), config.max_body_bytes)
-        uploads = ("/v1/files", batch.batch_max_file_bytes + _FORM_SLACK)
+    if state.batches is not None:
+        uploads = ("/v1/files", state.batches.cfg.batch_max_file_bytes + _FORM_SLACK)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes, uploads=uploads)
     for module in (generate, openai, chat):
         app.include_router(module.router)
@@ -94,6 +95,20 @@ def build_app(
     if config.api_docs:
         app.add_api_route("/openapi.json", openapi_route, methods=["GET"], include_in_schema=False)
     return app
+
+
+def _open_batches(
+    app: FastAPI, gateway: Gateway, config: ServerConfig, batch: BatchConfig | None
+) -> Batches | None:
+    """The Batch API, its lines run in process through `app`; None when off, or when its
+    directory cannot be opened (logged: the server serves all else)."""
+    if batch is None or not batch.enabled:
+        return None
+    try:
+        return Batches(batch, in_process(app, gateway), config.max_body_bytes)
+    except (OSError, sqlite3.Error) as e:
+        log.error("no Batch API: its directory cannot be opened: %s", e)
+        return None
 
 
 def front_door(app: FastAPI) -> ASGIApp:

@@ -109,7 +109,10 @@ def _caller(request: Request) -> tuple[Batches, str]:
     """The Batch API and the caller's tenant."""
     state: AppState = app_state(request)
     if state.batches is None:
-        raise APIError(404, "this server runs no Batch API (it was started with --batch-dir off)")
+        raise APIError(
+            404, "this server runs no Batch API (--batch-dir off, or its directory could not be "
+            "opened: the server's log says why)",
+        )  # fmt: skip
     return state.batches, state.gateway.authenticate(request.headers).name
 
 
