@@ -20,6 +20,7 @@ import pytest
 from factories import Server, make_tiny_llama, running, serving, tiny_server_args, wait_for
 
 from headrace.gateway.auth import hash_key
+from headrace.ledger.records import key_id
 
 KEYS = {"acme": "acme-key", "bob": "bob-key"}
 ENDED = ("completed", "failed", "cancelled")
@@ -129,15 +130,23 @@ def test_each_output_line_is_what_the_request_gets_over_http(server: Server, sta
             assert result["response"]["request_id"] == got["id"]
     (err,) = content(server.url, done["error_file_id"])
     assert err["custom_id"] == "too-long" and err["response"]["status_code"] == 400
-    ledger_ids = ledger_request_ids(server, state, "acme")
-    assert {x["response"]["request_id"] for x in out} <= ledger_ids  # each line is in the ledger
+    records = ledger_records(server, state, "acme")  # each line is in it, as a batch line
+    for x in out:
+        record = records[x["response"]["request_id"]]
+        assert record == ("batch:/v1/completions", key_id(KEYS["acme"]), 200)
+    refused = [r for r in records.values() if r[2] == 400 and r[0] == "batch:/v1/completions"]
+    assert len(refused) == 1  # the line that failed: refused before the engine, recorded too
 
 
-def ledger_request_ids(server: Server, state: Path, tenant: str) -> set[str]:
+def ledger_records(server: Server, state: Path, tenant: str) -> dict[str, tuple[Any, ...]]:
+    """request id (or a number, for a refusal) -> (route, key id, HTTP status)."""
     httpx.get(server.url + "/v1/usage", headers=auth(tenant), timeout=30)  # the ledger syncs
     with sqlite3.connect(state / "ledger.db") as conn:
-        rows = conn.execute("SELECT request_id FROM usage WHERE tenant = ?", (tenant,))
-        return {r for (r,) in rows if r}
+        rows = conn.execute(
+            "SELECT id, request_id, route, key_id, http_status FROM usage WHERE tenant = ?",
+            (tenant,),
+        )
+        return {rid or str(n): (route, key, status) for n, rid, route, key, status in rows}
 
 
 def test_the_openai_sdk_runs_a_chat_batch(server: Server) -> None:

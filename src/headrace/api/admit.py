@@ -16,13 +16,11 @@ from headrace.api.schemas import SamplingFields
 from headrace.api.serving import Job
 from headrace.api.state import AppState
 from headrace.api.structured import grammar_for
-from headrace.api.usage_record import record_refusal
+from headrace.api.usage_record import ledger_names, record_refusal
 from headrace.engine.client import EngineClient, GenerateOptions
 from headrace.engine.limits import DoesNotFit, check_fits
 from headrace.engine.tokenizer import Tokenizer
-from headrace.gateway.auth import key_from_headers
 from headrace.gateway.base import GatewayError, Tenant
-from headrace.ledger.records import key_id
 from headrace.metrics.timing import RequestTimer
 from headrace.request import SamplingParams
 
@@ -118,5 +116,5 @@ async def _admit(
     timer = RequestTimer(start=arrival)
     traceparent = request.headers.get("traceparent")
     job = Job(rid, model, engine, ids, params, options, admission, timer, traceparent)
-    job.key_id, job.route = key_id(key_from_headers(request.headers)), request.url.path
+    job.key_id, job.route = ledger_names(request)
     return job

@@ -19,17 +19,22 @@ from headrace.gateway.base import Gateway, Tenant
 from headrace.gateway.gateway import TenantGateway
 from headrace.gateway.tenants import DEFAULT_TIERS, Tier
 
-TENANT_KEY = "headrace.tenant"  # the scope key `admit` takes the caller from
+TENANT_KEY = "headrace.tenant"  # the scope keys `admit` takes the caller from
+KEY_ID_KEY = "headrace.key_id"
+ROUTE_KEY = "headrace.route"  # the ledger's route for a batch line: batch:/v1/completions
 
 
 def in_process(app: ASGIApp, gateway: Gateway) -> Execute:
     """`execute(tenant, url, body) -> (status, JSON body)` through `app`'s route for `url`."""
 
-    async def execute(tenant_name: str, url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    async def execute(
+        tenant_name: str, key_id: str | None, url: str, body: dict[str, Any]
+    ) -> tuple[int, Any]:
         tenant = batch_tenant(gateway, tenant_name)
         if tenant is None:  # removed from the tenants file since the batch was made
             return 403, error_body(f"tenant {tenant_name!r} no longer exists", "permission_error")
-        status, payload = await call(app, url, json.dumps(body).encode(), {TENANT_KEY: tenant})
+        scope = {TENANT_KEY: tenant, KEY_ID_KEY: key_id, ROUTE_KEY: f"batch:{url}"}
+        status, payload = await call(app, url, json.dumps(body).encode(), scope)
         try:
             return status, json.loads(payload)
         except ValueError:

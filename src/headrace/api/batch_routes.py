@@ -78,7 +78,8 @@ class BatchCreate(BaseModel):
 @router.post("/v1/batches")
 async def create_batch(body: BatchCreate, request: Request) -> dict[str, Any]:
     batches, tenant = _caller(request)
-    return await _answer(batches.create(tenant, body.model_dump()))
+    who = key_id(key_from_headers(request.headers))
+    return await _answer(batches.create(tenant, body.model_dump(), who))
 
 
 @router.get("/v1/batches")

@@ -23,8 +23,9 @@ from headrace.batches.objects import batch_error, output_line
 from headrace.batches.store import BatchStore, Row
 
 log = logging.getLogger("headrace.batches")
-# (tenant, url, body) -> (HTTP status, JSON body): one request as the route answers it.
-Execute = Callable[[str, str, dict[str, Any]], Awaitable[tuple[int, Any]]]
+# (tenant, key id, url, body) -> (HTTP status, JSON body): one request as the route answers
+# it, made as the tenant whose key (its id, for the ledger) made the batch.
+Execute = Callable[[str, str | None, str, dict[str, Any]], Awaitable[tuple[int, Any]]]
 RETRY = (429, 503)
 ENDED = ("completed", "failed", "cancelled", "expired")
 
@@ -128,7 +129,7 @@ class BatchRunner:
         deadline = row["expires_at"] or float("inf")
         while True:
             async with self.slots:
-                status, body = await self.execute(row["tenant"], line.url, line.body)
+                status, body = await self.execute(row["tenant"], row["key_id"], line.url, line.body)
             if status not in RETRY or time.time() >= deadline:
                 break
             await asyncio.sleep(self.retry_s)

@@ -87,7 +87,11 @@ class Batches:
 
     # -- batches -------------------------------------------------------------------------
 
-    async def create(self, tenant: str, request: dict[str, Any]) -> dict[str, Any]:
+    async def create(
+        self, tenant: str, request: dict[str, Any], key_id: str | None = None
+    ) -> dict[str, Any]:
+        """A batch of `request["input_file_id"]`, started; `key_id`: the key that made it (its
+        lines' ledger records name it)."""
         endpoint, window = request.get("endpoint"), request.get("completion_window")
         if endpoint not in ENDPOINTS:
             raise BatchError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "endpoint")
@@ -107,8 +111,9 @@ class Batches:
             message = f"line {wrong.index + 1}: url {wrong.url} is not the batch's endpoint"
             raise BatchError(400, message, "input_file_id")
         now = int(time.time())
-        fields = {"tenant": tenant, "endpoint": endpoint, "input_file_id": file_id,
-                  "completion_window": window, "metadata": metadata, "total": len(lines),
+        fields = {"tenant": tenant, "key_id": key_id, "endpoint": endpoint,
+                  "input_file_id": file_id, "completion_window": window, "metadata": metadata,
+                  "total": len(lines),
                   "created_at": now, "expires_at": now + WINDOW_S[str(window)]}  # fmt: skip
         batch = await asyncio.to_thread(self.store.add_batch, fields)
         self.runner.start(batch["id"])

@@ -22,7 +22,7 @@ CREATE TABLE IF NOT EXISTS files (
   id TEXT PRIMARY KEY, tenant TEXT NOT NULL, filename TEXT NOT NULL, purpose TEXT NOT NULL,
   bytes INTEGER NOT NULL, created_at INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (
-  id TEXT PRIMARY KEY, tenant TEXT NOT NULL, endpoint TEXT NOT NULL,
+  id TEXT PRIMARY KEY, tenant TEXT NOT NULL, key_id TEXT, endpoint TEXT NOT NULL,
   input_file_id TEXT NOT NULL, completion_window TEXT NOT NULL, metadata TEXT,
   status TEXT NOT NULL, errors TEXT, output_file_id TEXT, error_file_id TEXT,
   created_at INTEGER NOT NULL, expires_at INTEGER, in_progress_at INTEGER,
