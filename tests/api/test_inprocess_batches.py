@@ -17,7 +17,7 @@ from fake_engine import ScriptEngine, text_chunks
 
 from api.inprocess import make_app, script_engine, session
 from api.route_coverage import covers
-from api.test_inprocess_ledger import ACME, ADMIN, gateway
+from api.test_inprocess_ledger import ACME, ADMIN, gateway, metric
 from headrace.config import BatchConfig, ServerConfig
 from headrace.ledger.writer import Ledger
 
@@ -177,8 +177,9 @@ def test_the_admin_sees_every_batch_and_its_cancel_is_audited(tmp_path: Path) ->
         done = await finished(c, made["id"])
         audit = (await c.get("/v1/audit", headers=ADMIN)).json()["data"]
         files = await c.get(f"/v1/files/{f['id']}", headers=ADMIN)  # files: their owner's
+        metrics = (await c.get("/metrics", headers=ADMIN)).text
         return {"seen": seen, "listed": listed, "cancel": cancel, "done": done, "audit": audit,
-                "files": files.status_code}  # fmt: skip
+                "files": files.status_code, "metrics": metrics}  # fmt: skip
 
     got = session(app, work)
     assert got["seen"]["id"] == got["done"]["id"] and [b["id"] for b in got["listed"]] == [
@@ -193,3 +194,7 @@ def test_the_admin_sees_every_batch_and_its_cancel_is_audited(tmp_path: Path) ->
         {"batch_id": got["done"]["id"]},
     )
     assert got["files"] == 401
+    completed = got["done"]["request_counts"]["completed"]
+    assert metric(got["metrics"], 'headrace:batch_lines_total{outcome="completed"}') == completed
+    assert metric(got["metrics"], "headrace:batches_running") == 0
+    assert metric(got["metrics"], "headrace:batch_lines_running") == 0

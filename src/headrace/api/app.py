@@ -36,6 +36,7 @@ from headrace.api.errors import install_error_handlers
 from headrace.api.host_guard import HostGuard, HostPolicy, with_cors
 from headrace.api.limits import BodySizeLimit
 from headrace.api.state import AppState, app_state
+from headrace.batches.collector import BatchMetrics
 from headrace.batches.service import Batches
 from headrace.config import BatchConfig, ServerConfig
 from headrace.engine.client import EngineClient
@@ -78,6 +79,7 @@ def build_app(
     state.batches = _open_batches(app, gateway, config, batch)
     uploads = None
     if state.batches is not None:
+        state.metrics.add_collector(BatchMetrics(state.batches.runner))
         uploads = ("/v1/files", state.batches.cfg.batch_max_file_bytes + _FORM_SLACK)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes, uploads=uploads)
     for module in (generate, openai, chat):

@@ -41,6 +41,8 @@ class BatchRunner:
         self.tasks: dict[str, asyncio.Task[None]] = {}  # batch id -> its run
         self.work: dict[str, asyncio.Future[Any]] = {}  # batch id -> its lines in flight
         self.cancelled: set[str] = set()  # cancelled here: their lines start no more
+        self.lines_running = 0  # for the metrics: lines inside `execute` now
+        self.lines_done = {"completed": 0, "failed": 0}  # lines finished since the start
 
     def start(self, batch_id: str) -> None:
         task = asyncio.create_task(self._run(batch_id), name=f"batch {batch_id}")
@@ -129,12 +131,19 @@ class BatchRunner:
         deadline = row["expires_at"] or float("inf")
         while True:
             async with self.slots:
-                status, body = await self.execute(row["tenant"], row["key_id"], line.url, line.body)
+                self.lines_running += 1
+                try:
+                    status, body = await self.execute(
+                        row["tenant"], row["key_id"], line.url, line.body
+                    )
+                finally:
+                    self.lines_running -= 1
             if status not in RETRY or time.time() >= deadline:
                 break
             await asyncio.sleep(self.retry_s)
         result = output_line(line.custom_id, status, body)
         await asyncio.to_thread(self.store.finish_line, row["id"], line.index, status < 400, result)
+        self.lines_done["completed" if status < 400 else "failed"] += 1
 
     async def _finalize(self, batch_id: str) -> None:
         """Write the output and error files; completed, or cancelled after a cancel."""
