@@ -14,12 +14,16 @@ from typing import Any
 
 import httpx
 from fake_engine import ScriptEngine, text_chunks
+from starlette.types import Receive, Scope, Send
 
 from api.inprocess import make_app, script_engine, session
 from api.route_coverage import covers
 from api.test_inprocess_ledger import ACME, ADMIN, gateway, metric
+from headrace.api.batch_call import call
 from headrace.config import BatchConfig, ServerConfig
+from headrace.engine.client import GenerationChunk
 from headrace.ledger.writer import Ledger
+from headrace.request import FinishReason
 
 BOB = {"authorization": "Bearer bob-key"}
 LINES = [
@@ -198,3 +202,39 @@ def test_the_admin_sees_every_batch_and_its_cancel_is_audited(tmp_path: Path) ->
     assert metric(got["metrics"], 'headrace:batch_lines_total{outcome="completed"}') == completed
     assert metric(got["metrics"], "headrace:batches_running") == 0
     assert metric(got["metrics"], "headrace:batch_lines_running") == 0
+
+
+def test_a_line_refused_for_now_is_tried_again(tmp_path: Path) -> None:
+    """A queue deadline passed (503) is no failure for a batch line: it runs again, and the
+    output holds its answer."""
+    tries: list[str] = []
+
+    def script(request: object) -> list[GenerationChunk | BaseException | float]:
+        tries.append("x")
+        if len(tries) == 1:
+            return [GenerationChunk("", "", [], FinishReason.OVERLOADED, 3, error="too late")]
+        return list(text_chunks(["Hello", " there"]))
+
+    cfg = BatchConfig(batch_dir=str(tmp_path / "b"))
+    app = make_app(script_engine(script), gateway(tmp_path), batch=cfg)
+
+    async def work(c: httpx.AsyncClient) -> tuple[dict[str, Any], str]:
+        f = (await upload(c, jsonl(LINES[:1]), ACME)).json()
+        body = {"input_file_id": f["id"], "endpoint": "/v1/completions",
+                "completion_window": "24h"}  # fmt: skip
+        made = (await c.post("/v1/batches", json=body, headers=ACME)).json()
+        done = await finished(c, made["id"])
+        out = await c.get(f"/v1/files/{done['output_file_id']}/content", headers=ACME)
+        return done, out.text
+
+    done, out = session(app, work)
+    assert len(tries) == 2 and done["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+    assert json.loads(out)["response"]["body"]["choices"][0]["text"] == "Hello there"
+
+
+def test_a_route_that_crashes_answers_the_line_500() -> None:
+    async def crashing(scope: Scope, receive: Receive, send: Send) -> None:
+        raise RuntimeError("boom")
+
+    status, body = asyncio.run(call(crashing, "/v1/completions", b"{}", {}))
+    assert status == 500 and "boom" in json.loads(body)["error"]["message"]

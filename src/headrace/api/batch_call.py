@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from typing import Any
 
 from starlette.types import ASGIApp, Message
@@ -19,6 +20,7 @@ from headrace.gateway.base import Gateway, Tenant
 from headrace.gateway.gateway import TenantGateway
 from headrace.gateway.tenants import DEFAULT_TIERS, Tier
 
+log = logging.getLogger("headrace.batches")
 TENANT_KEY = "headrace.tenant"  # the scope keys `admit` takes the caller from
 KEY_ID_KEY = "headrace.key_id"
 ROUTE_KEY = "headrace.route"  # the ledger's route for a batch line: batch:/v1/completions
@@ -93,5 +95,10 @@ async def call(app: ASGIApp, path: str, body: bytes, extra: dict[str, Any]) -> t
             if not message.get("more_body", False):
                 answered.set()
 
-    await app(scope, receive, send)
+    try:
+        await app(scope, receive, send)
+    except Exception as e:  # starlette re-raises a route's crash after answering it (500)
+        log.error("a batch line to %s failed", path, exc_info=e)
+        if not answered.is_set():
+            return 500, json.dumps(error_body(f"the server failed: {e}", "server_error")).encode()
     return status, b"".join(chunks)

@@ -4,8 +4,9 @@ batch tier), a bounded number in flight over all batches, each finished line rec
 A batch goes validating -> in_progress -> finalizing -> completed (its input unreadable:
 failed); a cancel moves it to cancelling, stops its lines in flight, and ends it cancelled with
 the lines finished so far. A line refused for now (429 a tenant's limit, 503 a full queue or a
-loading server) waits and is tried again until the batch's window ends: batch work fills the
-capacity left over, it does not fail for the lack of it. A stopped server's batches are taken
+loading server, a failed engine) waits and is tried again, backing off from half a second to
+30 s, until the batch's window ends: batch work fills the capacity left over, it does not fail
+for the lack of it. A stopped server's batches are taken
 up again at start (`resume`): only the lines with no record run.
 """
 
@@ -27,6 +28,7 @@ log = logging.getLogger("headrace.batches")
 # it, made as the tenant whose key (its id, for the ledger) made the batch.
 Execute = Callable[[str, str | None, str, dict[str, Any]], Awaitable[tuple[int, Any]]]
 RETRY = (429, 503)
+MAX_RETRY_S = 30.0
 ENDED = ("completed", "failed", "cancelled", "expired")
 
 
@@ -129,6 +131,7 @@ class BatchRunner:
 
     async def _line(self, row: Row, line: InputLine) -> None:
         deadline = row["expires_at"] or float("inf")
+        wait_s = self.retry_s
         while True:
             async with self.slots:
                 self.lines_running += 1
@@ -140,7 +143,8 @@ class BatchRunner:
                     self.lines_running -= 1
             if status not in RETRY or time.time() >= deadline:
                 break
-            await asyncio.sleep(self.retry_s)
+            await asyncio.sleep(wait_s)
+            wait_s = min(2 * wait_s, MAX_RETRY_S)  # a line that keeps failing costs little
         result = output_line(line.custom_id, status, body)
         await asyncio.to_thread(self.store.finish_line, row["id"], line.index, status < 400, result)
         self.lines_done["completed" if status < 400 else "failed"] += 1
