@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fake_engine import ScriptEngine, text_chunks
 from starlette.types import Receive, Scope, Send
 
@@ -20,6 +21,7 @@ from api.inprocess import make_app, script_engine, session
 from api.route_coverage import covers
 from api.test_inprocess_ledger import ACME, ADMIN, gateway, metric
 from headrace.api.batch_call import call
+from headrace.batches import service
 from headrace.config import BatchConfig, ServerConfig
 from headrace.engine.client import GenerationChunk
 from headrace.ledger.writer import Ledger
@@ -47,7 +49,7 @@ def upload(
 async def finished(c: httpx.AsyncClient, batch_id: str) -> dict[str, Any]:
     for _ in range(400):
         batch: dict[str, Any] = (await c.get(f"/v1/batches/{batch_id}", headers=ACME)).json()
-        if batch["status"] in ("completed", "failed", "cancelled"):
+        if batch["status"] in ("completed", "failed", "cancelled", "expired"):
             return batch
         await asyncio.sleep(0.01)
     raise AssertionError(f"batch {batch_id} did not finish: {batch}")
@@ -238,3 +240,29 @@ def test_a_route_that_crashes_answers_the_line_500() -> None:
 
     status, body = asyncio.run(call(crashing, "/v1/completions", b"{}", {}))
     assert status == 500 and "boom" in json.loads(body)["error"]["message"]
+
+
+def test_lines_past_the_window_expire_into_the_error_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "WINDOW_S", {"24h": 0})  # a window that has ended at once
+    engine = script_engine()
+    app = make_app(engine, gateway(tmp_path), batch=BatchConfig(batch_dir=str(tmp_path / "b")))
+
+    async def work(c: httpx.AsyncClient) -> tuple[dict[str, Any], str]:
+        f = (await upload(c, jsonl(LINES), ACME)).json()
+        body = {"input_file_id": f["id"], "endpoint": "/v1/completions",
+                "completion_window": "24h"}  # fmt: skip
+        made = (await c.post("/v1/batches", json=body, headers=ACME)).json()
+        done = await finished(c, made["id"])
+        err = await c.get(f"/v1/files/{done['error_file_id']}/content", headers=ACME)
+        return done, err.text
+
+    done, err = session(app, work)
+    assert done["status"] == "expired" and done["expired_at"] and done["output_file_id"] is None
+    assert done["request_counts"] == {"total": 3, "completed": 0, "failed": 3}
+    lines = [json.loads(x) for x in err.splitlines()]
+    assert [(x["custom_id"], x["error"]["code"], x["response"]) for x in lines] == [
+        (f"r{i}", "batch_expired", None) for i in range(3)
+    ]
+    assert engine.requests == []  # none ran

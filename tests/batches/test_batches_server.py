@@ -24,7 +24,7 @@ from headrace.gateway.auth import hash_key
 from headrace.ledger.records import key_id
 
 KEYS = {"acme": "acme-key", "bob": "bob-key"}
-ENDED = ("completed", "failed", "cancelled")
+ENDED = ("completed", "failed", "cancelled", "expired")
 
 
 def auth(tenant: str) -> dict[str, str]:

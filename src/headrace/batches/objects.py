@@ -29,7 +29,7 @@ def batch_object(row: Row) -> dict[str, Any]:
         "errors": {"object": "list", "data": errors} if errors else None,
         "input_file_id": row["input_file_id"], "completion_window": row["completion_window"],
         "status": row["status"], "output_file_id": row["output_file_id"],
-        "error_file_id": row["error_file_id"], "expired_at": None,
+        "error_file_id": row["error_file_id"], "expired_at": row["expired_at"],
         **{k: row[k] for k in _STAMPS},
         "request_counts": {
             "total": row["total"], "completed": row["completed"], "failed": row["failed"],
@@ -54,6 +54,21 @@ def output_line(custom_id: str, status: int, body: Any) -> dict[str, Any]:
         code = error.get("code") or error.get("type") or status
         line["error"] = {"code": str(code), "message": str(error.get("message") or body)}
     return line
+
+
+EXPIRED = "batch_expired"
+
+
+def expired_line(custom_id: str) -> dict[str, Any]:
+    """A line the batch's window ended on before it ran (or while it was refused for now)."""
+    message = "This line could not be executed before the completion window expired."
+    return {"id": new_id("batch_req_"), "custom_id": custom_id, "response": None,
+            "error": {"code": EXPIRED, "message": message}}  # fmt: skip
+
+
+def is_expired(line: str) -> bool:
+    error = json.loads(line).get("error")
+    return isinstance(error, dict) and error.get("code") == EXPIRED
 
 
 def batch_error(code: str, message: str, line: int | None = None) -> dict[str, Any]:

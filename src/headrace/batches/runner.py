@@ -2,12 +2,13 @@
 batch tier), a bounded number in flight over all batches, each finished line recorded at once.
 
 A batch goes validating -> in_progress -> finalizing -> completed (its input unreadable:
-failed); a cancel moves it to cancelling, stops its lines in flight, and ends it cancelled with
-the lines finished so far. A line refused for now (429 a tenant's limit, 503 a full queue or a
-loading server, a failed engine) waits and is tried again, backing off from half a second to
-30 s, until the batch's window ends: batch work fills the capacity left over, it does not fail
-for the lack of it. A stopped server's batches are taken
-up again at start (`resume`): only the lines with no record run.
+failed; a line not answered within the window: expired, that line in the error file); a cancel
+moves it to cancelling, stops its lines in flight, and ends it cancelled with the lines
+finished so far. A line refused for now (429 a tenant's limit, 503 a full queue or a loading
+server, a failed engine) waits and is tried again, backing off from half a second to 30 s,
+until the batch's window ends: batch work fills the capacity left over, it does not fail for
+the lack of it. A stopped server's batches are taken up again at start (`resume`): only the
+lines with no record run.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from headrace.batches.lines import InputError, InputLine, parse_input
-from headrace.batches.objects import batch_error, output_line
+from headrace.batches.objects import batch_error, expired_line, is_expired, output_line
 from headrace.batches.store import BatchStore, Row
 
 log = logging.getLogger("headrace.batches")
@@ -130,27 +131,34 @@ class BatchRunner:
             self.work.pop(row["id"], None)
 
     async def _line(self, row: Row, line: InputLine) -> None:
+        answer = await self._answer(row, line)
+        if answer is None:  # the batch's window ended before the line got its answer
+            ok, result = False, expired_line(line.custom_id)
+        else:
+            ok, result = answer[0] < 400, output_line(line.custom_id, *answer)
+        await asyncio.to_thread(self.store.finish_line, row["id"], line.index, ok, result)
+        self.lines_done["completed" if ok else "failed"] += 1
+
+    async def _answer(self, row: Row, line: InputLine) -> tuple[int, Any] | None:
+        """The line's answer: tried again while refused for now; None once the window ends."""
         deadline = row["expires_at"] or float("inf")
         wait_s = self.retry_s
-        while True:
+        while time.time() < deadline:
             async with self.slots:
                 self.lines_running += 1
                 try:
-                    status, body = await self.execute(
-                        row["tenant"], row["key_id"], line.url, line.body
-                    )
+                    answer = await self.execute(row["tenant"], row["key_id"], line.url, line.body)
                 finally:
                     self.lines_running -= 1
-            if status not in RETRY or time.time() >= deadline:
-                break
-            await asyncio.sleep(wait_s)
+            if answer[0] not in RETRY:
+                return answer
+            await asyncio.sleep(min(wait_s, max(deadline - time.time(), 0.0)))
             wait_s = min(2 * wait_s, MAX_RETRY_S)  # a line that keeps failing costs little
-        result = output_line(line.custom_id, status, body)
-        await asyncio.to_thread(self.store.finish_line, row["id"], line.index, status < 400, result)
-        self.lines_done["completed" if status < 400 else "failed"] += 1
+        return None
 
     async def _finalize(self, batch_id: str) -> None:
-        """Write the output and error files; completed, or cancelled after a cancel."""
+        """Write the output and error files; completed, expired if a line's window ended
+        before it ran, or cancelled after a cancel."""
         row = await asyncio.to_thread(self.store.batch, batch_id)
         assert row is not None
         cancelled = row["status"] == "cancelling"
@@ -161,7 +169,8 @@ class BatchRunner:
         for ok, name in ((True, "output"), (False, "error")):
             results = [text for _, (good, text) in sorted(done.items()) if good is ok]
             files[f"{name}_file_id"] = await self._write_file(row, name, results)
-        status = "cancelled" if cancelled else "completed"
+        expired = any(is_expired(text) for good, text in done.values() if not good)
+        status = "cancelled" if cancelled else "expired" if expired else "completed"
         await asyncio.to_thread(self.store.update, batch_id, status=status, **files)
 
     async def _write_file(self, row: Row, name: str, results: list[str]) -> str | None:

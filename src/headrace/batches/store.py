@@ -27,8 +27,8 @@ CREATE TABLE IF NOT EXISTS batches (
   status TEXT NOT NULL, errors TEXT, output_file_id TEXT, error_file_id TEXT,
   created_at INTEGER NOT NULL, expires_at INTEGER, in_progress_at INTEGER,
   finalizing_at INTEGER, completed_at INTEGER, failed_at INTEGER, cancelling_at INTEGER,
-  cancelled_at INTEGER, total INTEGER NOT NULL DEFAULT 0, completed INTEGER NOT NULL DEFAULT 0,
-  failed INTEGER NOT NULL DEFAULT 0);
+  cancelled_at INTEGER, expired_at INTEGER, total INTEGER NOT NULL DEFAULT 0,
+  completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS lines (
   batch_id TEXT NOT NULL, idx INTEGER NOT NULL, ok INTEGER NOT NULL, result TEXT NOT NULL,
   PRIMARY KEY (batch_id, idx));
