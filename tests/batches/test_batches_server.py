@@ -175,8 +175,12 @@ def test_the_openai_sdk_runs_a_chat_batch(server: Server) -> None:
         got = line["response"]["body"]["choices"][0]["message"]["content"]
         assert got == direct.choices[0].message.content
     assert batch.id in [b.id for b in client.batches.list()]
+    assert client.batches.cancel(batch.id).status == "completed"  # ended: stays so
     assert client.files.retrieve(f.id).filename == "chat.jsonl"
+    assert f.id in [x.id for x in client.files.list(purpose="batch")]
     assert client.files.delete(f.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(f.id)
 
 
 def test_a_cancel_stops_the_batch_with_what_it_finished(server: Server) -> None:
