@@ -27,7 +27,8 @@ ROUTE_KEY = "headrace.route"  # the ledger's route for a batch line: batch:/v1/c
 
 
 def in_process(app: ASGIApp, gateway: Gateway) -> Execute:
-    """`execute(tenant, url, body) -> (status, JSON body)` through `app`'s route for `url`."""
+    """`execute(tenant, key_id, url, body) -> (status, JSON body)` through `app`'s route for
+    `url`, as `tenant` on the batch tier (`key_id`: the batch's creator, for the ledger)."""
 
     async def execute(
         tenant_name: str, key_id: str | None, url: str, body: dict[str, Any]

@@ -105,7 +105,10 @@ class Batches:
         if row["purpose"] != "batch":
             raise BatchError(400, 'the input file\'s purpose is not "batch"', "input_file_id")
         data = await asyncio.to_thread(self.store.content, file_id)
-        lines = parse_input(data, self.cfg.batch_max_lines)  # checked at upload already
+        try:  # checked at upload already, maybe under other limits
+            lines = parse_input(data, self.cfg.batch_max_lines)
+        except InputError as e:
+            raise BatchError(400, str(e), "input_file_id") from e
         wrong = next((x for x in lines if x.url != endpoint), None)
         if wrong is not None:
             message = f"line {wrong.index + 1}: url {wrong.url} is not the batch's endpoint"
