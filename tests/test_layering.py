@@ -14,8 +14,8 @@ ROOT = Path(headrace.__file__).parent
 # Each subpackage may import only those after it in this order (top-level modules — config,
 # request, paths — sit under everything and may be imported by all).
 ORDER = [
-    "commands", "bench", "api", "ledger", "gateway", "router", "metrics", "engine", "lora",
-    "loader", "models", "layers", "kernels",
+    "commands", "bench", "api", "batches", "ledger", "gateway", "router", "metrics", "engine",
+    "lora", "loader", "models", "layers", "kernels",
 ]  # fmt: skip
 
 

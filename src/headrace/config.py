@@ -374,6 +374,25 @@ class LedgerConfig:
 
 
 @dataclass(frozen=True)
+class BatchConfig:
+    batch_dir: str | None = _f(
+        None, "where /v1/files and /v1/batches keep their files and jobs (default: batches/ in "
+        "the state directory, $HEADRACE_STATE); off: no Batch API (docs/batches.md)",
+    )  # fmt: skip
+    batch_max_file_bytes: int = _f(100_000_000, "largest file accepted by POST /v1/files, bytes")
+    batch_max_lines: int = _f(50_000, "most requests in one batch input file")
+    batch_concurrency: int = _f(4, "batch lines in flight at once, over all batches")
+
+    def __post_init__(self) -> None:
+        if min(self.batch_max_file_bytes, self.batch_max_lines, self.batch_concurrency) < 1:
+            raise ValueError("the batch file size, line count and concurrency must be >= 1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.batch_dir != "off"
+
+
+@dataclass(frozen=True)
 class HeadraceConfig:
     """Every subsystem's settings in one value: built once from the command line and passed
     down whole (the deployment takes what it needs from it)."""
@@ -386,6 +405,7 @@ class HeadraceConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HeadraceConfig:
@@ -394,6 +414,7 @@ class HeadraceConfig:
             config_from_args(SchedulerConfig, args), config_from_args(ServerConfig, args),
             config_from_args(GatewayConfig, args), config_from_args(RouterConfig, args),
             config_from_args(AutoscaleConfig, args), config_from_args(LedgerConfig, args),
+            config_from_args(BatchConfig, args),
         )  # fmt: skip
 
 

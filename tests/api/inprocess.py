@@ -22,7 +22,7 @@ from fastapi import FastAPI
 
 from api.route_coverage import record_hits
 from headrace.api.app import build_app, front_door
-from headrace.config import ServerConfig
+from headrace.config import BatchConfig, ServerConfig
 from headrace.engine.frontend.client import EngineClient
 from headrace.gateway.base import Gateway, OpenGateway
 from headrace.gateway.setup import connect_gateway
@@ -45,11 +45,13 @@ def make_app(
     gateway: Gateway | None = None,
     config: ServerConfig | None = None,
     ledger: Ledger | None = None,
+    batch: BatchConfig | None = None,
 ) -> FastAPI:
     """The app as `headrace serve` builds it; a lone engine is served as model `m`."""
     if not isinstance(engines, Mapping):
         engines = {"m": engines}
-    app = build_app(engines, gateway or OpenGateway(), config or ServerConfig(), ledger=ledger)
+    gateway = gateway or OpenGateway()
+    app = build_app(engines, gateway, config or ServerConfig(), ledger=ledger, batch=batch)
     state = app.state.headrace
     connect_gateway(state.gateway, lambda: state.engines, state.metrics)
     state.metrics.add_collector(RouterMetrics(lambda: state.engines))

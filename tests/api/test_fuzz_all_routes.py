@@ -28,6 +28,9 @@ EVERY_ROUTE = {
     "GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}",
     "GET /v1/models", "GET /health", "GET /v1/stats", "POST /v1/replica/generate",
     "POST /v1/replica/abort", "GET /v1/replica/tokenizer", "GET /v1/usage", "GET /v1/audit",
+    "POST /v1/files", "GET /v1/files", "GET /v1/files/{file_id}",
+    "GET /v1/files/{file_id}/content", "DELETE /v1/files/{file_id}", "POST /v1/batches",
+    "GET /v1/batches", "GET /v1/batches/{batch_id}", "POST /v1/batches/{batch_id}/cancel",
 }  # fmt: skip
 
 

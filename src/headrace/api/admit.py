@@ -16,14 +16,12 @@ from headrace.api.logits_fields import processor_params
 from headrace.api.schemas import SamplingFields
 from headrace.api.state import AppState
 from headrace.api.structured import grammar_for
-from headrace.api.usage_record import record_refusal
+from headrace.api.usage_record import ledger_names, record_refusal
 from headrace.engine.frontend.client import EngineClient, GenerateOptions
 from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.limits import DoesNotFit, check_fits
-from headrace.gateway.auth import key_from_headers
 from headrace.gateway.base import Tenant
 from headrace.gateway.errors import GatewayError
-from headrace.ledger.records import key_id
 from headrace.metrics.timing import RequestTimer
 from headrace.request import SamplingParams
 
@@ -72,7 +70,7 @@ async def admit(
     `grammar`: the request's grammar where a route makes its own (tools), instead of the
     constraint fields'. A known tenant's refusal goes to the ledger (an unknown caller's does
     not: it could fill it)."""
-    tenant = state.gateway.authenticate(request.headers)
+    tenant = caller(state, request)
     admitting = _admit(
         state, request, tenant, body, encode, max_tokens, logprobs, id_prefix, n, grammar
     )
@@ -82,6 +80,15 @@ async def admit(
         served = body.model in state.engines or body.model in state.adapters
         record_refusal(state, request, tenant.name, body.model if served else None, e.status)
         raise
+
+
+def caller(state: AppState, request: Request) -> Tenant:
+    """Who is asking: a batch line's owner (set in the scope by `batch_call`, in process),
+    else the tenant of the request's key."""
+    tenant = request.scope.get("headrace.tenant")
+    if isinstance(tenant, Tenant):
+        return tenant
+    return state.gateway.authenticate(request.headers)
 
 
 async def _admit(
@@ -124,5 +131,5 @@ async def _admit(
     timer = RequestTimer(start=arrival)
     traceparent = request.headers.get("traceparent")
     job = Job(rid, model, engine, ids, params, options, admission, timer, traceparent)
-    job.key_id, job.route = key_id(key_from_headers(request.headers)), request.url.path
+    job.key_id, job.route = ledger_names(request)
     return job

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from starlette.types import ASGIApp
 
 from headrace.api import (
     admin,
+    batch_routes,
     chat,
     dashboard,
     generate,
@@ -30,12 +32,15 @@ from headrace.api import (
     usage,
 )
 from headrace.api.arrival import ArrivalClock
+from headrace.api.batch_call import in_process
 from headrace.api.early_refusal import EarlyRefusal
 from headrace.api.errors import install_error_handlers
 from headrace.api.host_guard import HostGuard, HostPolicy, with_cors
 from headrace.api.limits import BodySizeLimit
 from headrace.api.state import AppState, app_state
-from headrace.config import ServerConfig
+from headrace.batches.collector import BatchMetrics
+from headrace.batches.service import Batches
+from headrace.config import BatchConfig, ServerConfig
 from headrace.engine.frontend.client import EngineClient
 from headrace.gateway.access import Scope
 from headrace.gateway.base import Gateway
@@ -46,6 +51,7 @@ from headrace.metrics.prometheus import Metrics
 log = logging.getLogger("headrace.api")
 
 EngineLoader = Callable[[], Awaitable[Mapping[str, EngineClient]]]
+_FORM_SLACK = 64 * 1024  # a multipart upload's framing and fields around the file itself
 
 
 def build_app(
@@ -56,9 +62,11 @@ def build_app(
     loader: EngineLoader | None = None,
     metrics: Metrics | None = None,
     ledger: Ledger | None = None,
+    batch: BatchConfig | None = None,
 ) -> FastAPI:
     """The HTTP front end over `engines`; engines from `loader` are the app's to close, and
-    so is `ledger` (flushed and closed when the app stops)."""
+    so is `ledger` (flushed and closed when the app stops). With `batch` (enabled), the Batch
+    API, whose batches left unfinished by the last stop resume when the app starts."""
     state = AppState(dict(engines), gateway, config, metrics or Metrics(), ledger=ledger)
     state.metrics.watch_engines(lambda: state.engines)
     if ledger is not None:
@@ -70,7 +78,12 @@ def build_app(
     )  # fmt: skip
     app.state.headrace = state
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    state.batches = _open_batches(app, gateway, config, batch)
+    uploads = None
+    if state.batches is not None:
+        state.metrics.add_collector(BatchMetrics(state.batches.runner))
+        uploads = ("/v1/files", state.batches.cfg.batch_max_file_bytes + _FORM_SLACK)
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes, uploads=uploads)
     for module in (generate, openai, chat, responses):
         app.include_router(module.router)
     app.include_router(replica_api.router)  # /v1/stats and what a front end routing here uses
@@ -78,6 +91,7 @@ def build_app(
     app.include_router(admin.router)  # /admin/reload
     app.include_router(lora_admin.router)  # /v1/load_lora_adapter, /v1/unload_lora_adapter
     app.include_router(usage.router)  # /v1/usage, /v1/audit
+    app.include_router(batch_routes.router)  # /v1/files, /v1/batches
     app.add_api_route(
         "/health", health, methods=["GET"], responses={503: {"description": "not ready"}}
     )
@@ -86,6 +100,20 @@ def build_app(
     if config.api_docs:
         app.add_api_route("/openapi.json", openapi_route, methods=["GET"], include_in_schema=False)
     return app
+
+
+def _open_batches(
+    app: FastAPI, gateway: Gateway, config: ServerConfig, batch: BatchConfig | None
+) -> Batches | None:
+    """The Batch API, its lines run in process through `app`; None when off, or when its
+    directory cannot be opened (logged: the server serves all else)."""
+    if batch is None or not batch.enabled:
+        return None
+    try:
+        return Batches(batch, in_process(app, gateway), config.max_body_bytes)
+    except (OSError, sqlite3.Error) as e:
+        log.error("no Batch API: its directory cannot be opened: %s", e)
+        return None
 
 
 def front_door(app: FastAPI) -> ASGIApp:
@@ -141,10 +169,14 @@ def _lifespan(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(_load(state, loader)) if loader is not None else None
+        if state.batches is not None:  # their lines wait (503, retried) until a model is up
+            state.batches.runner.resume()
         try:
             yield
         finally:
             state.shutdown.set()
+            if state.batches is not None:  # before the engines: their lines in flight abort
+                await state.batches.close()
             if task is not None:
                 task.cancel()
                 loaded = await asyncio.gather(task, return_exceptions=True)

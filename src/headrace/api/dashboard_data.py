@@ -30,6 +30,9 @@ FAMILIES = (
     "headrace:router_replica_restarts",
     "headrace:router_replica_healthy",
     "headrace:router_retries",
+    "headrace:batches_running",
+    "headrace:batch_lines_running",
+    "headrace:batch_lines",
 )
 _STEP_FIELDS = (
     "step_duration", "num_running", "num_waiting", "num_batched_tokens", "num_prefill_tokens",

@@ -25,20 +25,27 @@ class BodyTooLarge(HTTPException):
 class BodySizeLimit:
     """ASGI middleware: checks Content-Length up front, and counts chunked bodies as they come."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, uploads: tuple[str, int] | None = None
+    ) -> None:
+        """`uploads`: (path, limit) of the one route that takes larger bodies (/v1/files)."""
         self.app = app
         self.max_bytes = max_bytes
+        self.uploads = uploads
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.max_bytes
+        if self.uploads is not None and scope["path"] == self.uploads[0]:
+            limit = self.uploads[1]
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and not length.isdigit():
             await refuse(send, 400, "Content-Length is not a number")
             return
-        if length is not None and int(length) > self.max_bytes:
-            await refuse(send, 413, BodyTooLarge(self.max_bytes).detail)
+        if length is not None and int(length) > limit:
+            await refuse(send, 413, BodyTooLarge(limit).detail)
             return
         seen = 0
 
@@ -47,8 +54,8 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge(self.max_bytes)
+                if seen > limit:
+                    raise BodyTooLarge(limit)
             return message
 
         await self.app(scope, counted, send)

@@ -13,6 +13,7 @@ from headrace.api.errors import APIError
 from headrace.api.grammar_cache import GrammarCache
 from headrace.api.response_store import ResponseStore
 from headrace.api.structured import grammar_cache
+from headrace.batches.service import Batches
 from headrace.config import ServerConfig
 from headrace.engine.frontend.client import EngineClient
 from headrace.gateway.base import Gateway, Tenant
@@ -36,6 +37,7 @@ class AppState:
     lora_busy: set[str] = field(default_factory=set)  # adapters being loaded or unloaded
     ledger: Ledger | None = None  # usage and audit records (--no-ledger: None)
     responses: ResponseStore = field(default_factory=ResponseStore)  # previous_response_id
+    batches: Batches | None = None  # the Batch API's files and jobs (--batch-dir off: None)
 
     def target(self, model: str | None, tenant: Tenant) -> Target:
         """What `model` names for `tenant`: a base model, or a LoRA adapter it may use (on its

@@ -61,18 +61,22 @@ def http_status(runs: Sequence[FinishedRun]) -> int:
     return ABORTED if any(r.finish_reason is None for r in runs) else 200
 
 
+def ledger_names(request: Request) -> tuple[str | None, str]:
+    """The caller's key id and the route, as the ledger records them; a batch line's are set
+    in its scope (`batch_call`: the batch's creator, `batch:` and the line's url)."""
+    route = request.scope.get("headrace.route")
+    if isinstance(route, str):
+        return request.scope.get("headrace.key_id"), route
+    return key_id(key_from_headers(request.headers)), request.url.path
+
+
 def record_refusal(
     state: AppState, request: Request, tenant: str, model: str | None, status: int
 ) -> None:
     """A known tenant's request refused before it reached an engine (400, 404, 429, 503)."""
     if state.ledger is None:
         return
+    who, route = ledger_names(request)
     state.ledger.append(
-        UsageRecord(
-            tenant=tenant,
-            model=model,
-            route=request.url.path,
-            http_status=status,
-            key_id=key_id(key_from_headers(request.headers)),
-        )  # fmt: skip
+        UsageRecord(tenant=tenant, model=model, route=route, http_status=status, key_id=who)
     )

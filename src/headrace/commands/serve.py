@@ -33,6 +33,7 @@ from headrace.api.http_protocol import FrontDoorLimits, fit_fd_limit
 from headrace.api.state import AppState
 from headrace.config import (
     AutoscaleConfig,
+    BatchConfig,
     CacheConfig,
     GatewayConfig,
     HeadraceConfig,
@@ -70,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         RouterConfig,
         AutoscaleConfig,
         LedgerConfig,
+        BatchConfig,
     ):
         add_config_args(parser, cls)
     parser.add_argument(
@@ -155,7 +157,9 @@ def serve(
     except ValueError as e:
         log.error("%s", e)
         return 2
-    app = build_app({}, gateway or OpenGateway(), server_cfg, loader=load, ledger=ledger)
+    app = build_app(
+        {}, gateway or OpenGateway(), server_cfg, loader=load, ledger=ledger, batch=config.batch
+    )
     state = app.state.headrace
     state.reloader = reloader
     state.adapters = {lora: specs[0].name for lora in model_cfg.lora_paths}

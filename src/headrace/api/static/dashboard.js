@@ -52,7 +52,7 @@ class SeriesChart {
 
 const charts = {};
 for (const id of ["requests", "batch", "kv", "step", "tps", "admitted", "refused", "tenant-tps",
-  "tier-ttft", "slo-ttft", "slo-tpot", "goodput", "routed"]) {
+  "tier-ttft", "slo-ttft", "slo-tpot", "goodput", "routed", "batch-lines"]) {
   charts[id] = new SeriesChart("c-" + id);
 }
 
@@ -202,6 +202,16 @@ function drawRouter(t, snap, dt) {
   document.querySelector("#replicas tbody").replaceChildren(...rows);
 }
 
+function drawBatches(t, snap, dt) {
+  const total = (name) => sumBy(snap.counters[name], [])[""] ?? 0;
+  const done = "headrace:batch_lines";
+  const finished = rates(sumBy(snap.counters[done], [0]), sumBy(previous?.counters[done], [0]), dt);
+  const series = { "in flight": total("headrace:batch_lines_running") };
+  for (const [outcome, perSecond] of Object.entries(finished)) series[outcome + " / s"] = perSecond;
+  charts["batch-lines"].push(t, series);
+  document.getElementById("batches-running").textContent = fmt(total("headrace:batches_running"));
+}
+
 function drawHeader(snap) {
   const status = document.getElementById("status");
   status.textContent = snap.status;
@@ -219,6 +229,7 @@ function draw(snap) {
   drawTenants(t, snap, dt);
   drawSlo(t, snap);
   drawRouter(t, snap, dt);
+  drawBatches(t, snap, dt);
   recent.push(snap);
   if (recent.length > RATE_POLLS) recent.shift();
 }
