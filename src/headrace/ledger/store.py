@@ -108,4 +108,5 @@ def _audit_row(e: AuditEntry) -> tuple[Any, ...]:
         "arguments": json.dumps(dict(e.arguments), default=str),
         "result": json.dumps(dict(e.result), default=str),
     }
-    return tuple(_text(values.get(c, getattr(e, c))) for c in AUDIT_COLUMNS)
+    # the JSON columns whole (json.dumps writes no raw NUL), the others as `_text` keeps them
+    return tuple(values[c] if c in values else _text(getattr(e, c)) for c in AUDIT_COLUMNS)
