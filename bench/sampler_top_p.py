@@ -41,10 +41,9 @@ def full_sort_top_p(x: torch.Tensor, ps: list[float]) -> TopPSets:
     p = torch.tensor([ps[i] for i in rows], dtype=probs.dtype)[:, None]
     drop_sorted = (probs.cumsum(dim=-1) - probs) >= p
     drop_sorted[:, 0] = False
-    x[rows] = sub.masked_fill(
-        torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted), float("-inf")
-    )
-    return x
+    drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+    ids = torch.arange(x.shape[1]).expand(len(rows), -1)
+    return TopPSets(rows, ids, sub.masked_fill(drop, float("-inf")))
 
 
 def main() -> None:
