@@ -179,15 +179,19 @@ def run_peer(name: str, workload: Workload, args: argparse.Namespace) -> dict[st
         wait_healthy(url, proc, peer.start_timeout, log)
         ready_s = time.monotonic() - t0
         out: dict[str, Any] = {"ready_s": ready_s, "log": str(log)}
-        for sampling in args.sampling:
-            rows = asyncio.run(measure(url, peer, workload, args, sampling))
+        for k, sampling in enumerate(args.sampling):
+            # each setting its own prompts: the server stays up, and a replay would be served
+            # from its prefix cache (every peer has one)
+            own = replace(workload, seed=workload.seed + 1_000_000 * k)
+            rows = asyncio.run(measure(url, peer, own, args, sampling))
             vllm_rows = []
             if "vllm" in args.clients and vllm_client.available():
                 temperature, top_p = SAMPLING[sampling]
                 for level in args.levels:
                     n = max(args.min_requests, args.rounds * level)
+                    seed = 1000 + level + 1_000_000 * k
                     row = vllm_client.run_level(
-                        url, args.hf_dir, level, n, 1000 + level, temperature, top_p
+                        url, args.hf_dir, level, n, seed, temperature, top_p
                     )
                     print(f"{name} @ {level} {sampling} (vllm bench serve): {row}", file=sys.stderr)
                     vllm_rows.append(row)
