@@ -1,5 +1,6 @@
-"""top_p on real logits: the sampler with its partial sort (engine/runner/top_p.py) against a full
-sort of every row (the path before it), on the same captured rows. Prints JSON.
+"""top_p on real logits: the sampler's ways of finding the set (engine/runner/top_p.py: the C
+scan, the default on the CPU, and torch's topk, CUDA's) against a full sort of every row (the
+path before both), on the same captured rows. Prints JSON.
 
     flock /tmp/bench.lock .venv/bin/python bench/sampler_top_p.py --rows 1,16,32
 
@@ -28,6 +29,7 @@ from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner import sampler as sampler_mod
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.top_p import TopPSets, top_p_mask
+from headrace.kernels import top_p_scan
 from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import SamplingParams
 
@@ -77,21 +79,23 @@ def main() -> None:
 def _compare(logits: torch.Tensor, t: float, p: float, repeats: int) -> dict[str, Any]:
     params = SamplingParams(temperature=t, top_p=p)
     reqs = [ScheduledRequest(str(i), [1], 0, [0], True, params, 0) for i in range(len(logits))]
-    partial = sampler_mod.top_p_sets
-    times: dict[str, list[float]] = {"full_sort": [], "partial": []}
+    partial, scan_ok = sampler_mod.top_p_sets, top_p_scan.supported
+    times: dict[str, list[float]] = {"full_sort": [], "topk": [], "scan": []}
     for _ in range(repeats):
-        for name, fn in (("full_sort", full_sort_top_p), ("partial", partial)):
-            sampler_mod.top_p_sets = fn  # type: ignore[assignment]
+        for name in times:
+            sampler_mod.top_p_sets = full_sort_top_p if name == "full_sort" else partial  # type: ignore[assignment]
+            top_p_scan.supported = scan_ok if name == "scan" else lambda x: False  # type: ignore[assignment]
             start = time.perf_counter()
             Sampler(seed=0)(logits, reqs)
             times[name].append(time.perf_counter() - start)
-    sampler_mod.top_p_sets = partial
+    sampler_mod.top_p_sets, top_p_scan.supported = partial, scan_ok  # type: ignore[assignment]
     kept = (top_p_mask(logits.float() / t, [p] * len(logits)) > float("-inf")).sum(-1)
-    full, part = (statistics.median(times[k]) for k in ("full_sort", "partial"))
+    full, topk, scan = (statistics.median(v) for v in times.values())
     return {
         "full_sort_ms": round(1000 * full, 1),
-        "partial_ms": round(1000 * part, 1),
-        "ratio": round(full / part, 2),
+        "topk_ms": round(1000 * topk, 1),
+        "scan_ms": round(1000 * scan, 1),
+        "ratio": round(full / scan, 2),
         "kept_tokens": {
             "min": int(kept.min()),
             "median": int(kept.median()),

@@ -1,6 +1,7 @@
-"""top_p's partial sort (engine/runner/top_p.py) keeps the set a float64 full sort keeps (its mass
-to the float32 logits' precision), on rows from peaked to flat, over a vocabulary large
-enough that the partial path is taken."""
+"""top_p without a full sort (engine/runner/top_p.py) keeps the set a float64 full sort keeps
+(its mass to the float32 logits' precision), on rows from peaked to flat, over a vocabulary
+large enough that the partial paths are taken; each test runs on both ways of finding the
+set: the C scan (kernels/top_p.c) and torch's topk (CUDA's, and without a compiler)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,20 @@ import torch
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.top_p import TOP_P_FIRST, top_p_mask, top_p_sets
+from headrace.kernels import top_p_scan
 from headrace.request import SamplingParams
 
 VOCAB = 20_000
 PARAMS = SamplingParams(temperature=1.0, top_p=0.9)
+
+
+@pytest.fixture(autouse=True, params=["scan", "topk"])
+def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "scan" and not top_p_scan.supported(torch.zeros(1, 1)):
+        pytest.skip("no C compiler: no scan")
+    if request.param == "topk":
+        monkeypatch.setattr(top_p_scan, "supported", lambda x: False)
+    return str(request.param)
 
 
 def _full_sort_keep(x: torch.Tensor, p: float) -> torch.Tensor:

@@ -1,13 +1,18 @@
 """top_p (nucleus) sets without sorting the vocabulary: each row's smallest set of likeliest
 tokens whose mass reaches p (at least one token).
 
-The set is a prefix of the row sorted by probability, so nothing sorts all 262k: a row looks
-among its TOP_P_FIRST likeliest first (`topk`), and a row whose set is larger is bucketed by
-probability (`_wide_row`). The kept set is the one a full sort keeps, with "reaches p" read to
+The set is a prefix of the row sorted by probability, so nothing sorts all 262k. Tokens are
+bucketed by probability, a quarter octave a bucket below the row's largest (every token of a
+bucket likelier than the next bucket's): the buckets before the one where the mass nears p are
+kept whole, the one or two at the edge sorted, the rest dropped. On the CPU a C scan does it in
+two passes a row, rows in parallel (kernels/top_p.c); elsewhere torch looks among a row's
+TOP_P_FIRST likeliest first (`topk`) and buckets only a row whose set is larger
+(`_wide_row`). The kept set is the one a full sort keeps, with "reaches p" read to
 1e-6 of the mass, the float32 logits' own precision (0.5 + 0.3 reaches 0.8 though their logs
 round apart); ties at the edge are kept in either order. Sorting every row took 680 ms for 32
-rows of Gemma 3 logits on a 2-core EPYC; bench/sampler_top_p.py times both ways and
-tests/engine/test_sampler_top_p.py compares them on rows from one likely token to ~19k.
+rows of Gemma 3 logits on a 2-core EPYC; bench/sampler_top_p.py times the three ways and
+tests/engine/test_sampler_top_p.py compares both with it on rows from one likely token to
+~19k.
 
 Shapes: x [R, V] float32 logits over T -> the sets of the rows with p < 1 as a table [R', W]
 in vocabulary order (the sampler's inverse CDF runs on it as on a whole row).
@@ -19,6 +24,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from headrace.kernels import top_p_scan
 
 TOP_P_FIRST = 1024  # the least partial sort of a row
 BUCKETS_PER_NAT = 4 / math.log(2)  # quarter octaves of probability
@@ -50,8 +57,16 @@ def top_p_sets(x: torch.Tensor, ps: list[float]) -> TopPSets | None:
     rows = [i for i, p in enumerate(ps) if p < 1.0]
     if not rows:
         return None
-    vocab = x.shape[1]
     sub = x if len(rows) == len(x) else x.index_select(0, torch.tensor(rows, device=x.device))
+    if top_p_scan.supported(sub):
+        return _by_scan(rows, sub, [ps[i] for i in rows])
+    return _by_topk(rows, sub, ps)
+
+
+def _by_topk(rows: list[int], sub: torch.Tensor, ps: list[float]) -> TopPSets:
+    """torch alone (CUDA, or no C compiler): the first TOP_P_FIRST by `topk`, `_wide_row`
+    for a row whose set is larger."""
+    vocab, x = sub.shape[1], sub
     top = sub.amax(dim=-1, keepdim=True)  # [R', 1]
     # float32's cascade sum: ~1e-7 of the mass, inside the 1e-6 rule
     total = torch.exp(sub - top).sum(dim=-1).double()  # [R'] in units of the largest's
@@ -72,11 +87,53 @@ def top_p_sets(x: torch.Tensor, ps: list[float]) -> TopPSets | None:
     table[:, : vals.shape[1]] = vals
     table_ids = ids[:, :1].expand(-1, width).clone()  # padding: a kept id of the row
     table_ids[:, : ids.shape[1]] = ids
-    for j, (row_ids, row_vals) in own.items():
-        table[j, : len(row_ids)], table_ids[j, : len(row_ids)] = row_vals, row_ids
-        table[j, len(row_ids) :] = float("-inf")
-        table_ids[j, len(row_ids) :] = row_ids[0]
+    for j, pair in own.items():
+        _put(table, table_ids, j, pair)
     return TopPSets(rows, table_ids, table)
+
+
+def _by_scan(rows: list[int], sub: torch.Tensor, ps: list[float]) -> TopPSets:
+    """The C scan (kernels/top_p.c): each row's sure tokens and edge in two passes, the edge
+    alone sorted here."""
+    scan = top_p_scan.scan(sub, ps)
+    pairs = []
+    for j, p in enumerate(ps):
+        total = float(scan.total[j])
+        pairs.append(
+            _kept(sub[j], scan.sure[j], scan.edge[j], float(scan.top[j]), p * total, total)
+        )
+    width = max(len(ids) for ids, _ in pairs)
+    table = torch.full((len(rows), width), float("-inf"))
+    table_ids = torch.empty(len(rows), width, dtype=torch.int64)
+    for j, pair in enumerate(pairs):
+        _put(table, table_ids, j, pair)
+    return TopPSets(rows, table_ids, table)
+
+
+def _kept(
+    row: torch.Tensor, sure: torch.Tensor, edge: torch.Tensor, top: float, goal: float, z: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The set of one row from its sure tokens and its edge (ids ascending) -> (ids, logits)
+    in vocabulary order."""
+    vals, order = row[edge].sort(descending=True)
+    mass = torch.exp(vals.double() - top)
+    sure_mass = float(torch.exp(row[sure].double() - top).sum())
+    before = sure_mass + mass.cumsum(0) - mass
+    kept = (before < goal - 1e-6 * z) & (vals > float("-inf"))
+    if not len(sure):
+        kept[0] = True
+    ids, at = torch.cat([sure, edge[order[kept]]]).sort()
+    return ids, torch.cat([row[sure], vals[kept]])[at]
+
+
+def _put(
+    table: torch.Tensor, ids: torch.Tensor, j: int, pair: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    """Row j of the table: the set's logits and ids, then padding (-inf, its first id)."""
+    n = len(pair[0])
+    table[j, :n], ids[j, :n] = pair[1], pair[0]
+    table[j, n:] = float("-inf")
+    ids[j, n:] = pair[0][0]
 
 
 def _in_vocab_order(
