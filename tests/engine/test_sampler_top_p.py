@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.runner import top_p
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.top_p import TOP_P_FIRST, top_p_mask, top_p_sets
 from headrace.kernels import top_p_scan
@@ -26,6 +27,8 @@ def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
         pytest.skip("no C compiler: no scan")
     if request.param == "topk":
         monkeypatch.setattr(top_p_scan, "supported", lambda x: False)
+    else:  # every row count takes the scan
+        monkeypatch.setattr(top_p, "SCAN_MIN_ROWS", 1)
     return str(request.param)
 
 

@@ -28,6 +28,9 @@ import torch
 from headrace.kernels import top_p_scan
 
 TOP_P_FIRST = 1024  # the least partial sort of a row
+# bench/sampler_top_p.py, 2-core EPYC: at 1 row topk's 0.9 ms beats the scan's 1.5 (its two
+# passes on one thread); at 16 rows the scan takes 14-22 ms to topk's 20-41, at 32 28-39 to 41-54
+SCAN_MIN_ROWS = 4
 BUCKETS_PER_NAT = 4 / math.log(2)  # quarter octaves of probability
 
 
@@ -58,7 +61,7 @@ def top_p_sets(x: torch.Tensor, ps: list[float]) -> TopPSets | None:
     if not rows:
         return None
     sub = x if len(rows) == len(x) else x.index_select(0, torch.tensor(rows, device=x.device))
-    if top_p_scan.supported(sub):
+    if len(rows) >= SCAN_MIN_ROWS and top_p_scan.supported(sub):
         return _by_scan(rows, sub, [ps[i] for i in rows])
     return _by_topk(rows, sub, ps)
 
