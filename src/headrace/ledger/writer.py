@@ -45,6 +45,10 @@ class Ledger:
         self._closing = False
         self._closed = False
         self._failing = False
+        try:  # now: its descriptors are there before the first request (a server's are counted),
+            self._conn = store.connect(self.target)
+        except Exception:  # noqa: BLE001  (a ledger not writable yet: the first flush says so)
+            self._conn = None
         self._thread = threading.Thread(target=self._run, name="headrace-ledger", daemon=True)
         self._thread.start()
 
