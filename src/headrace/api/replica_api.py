@@ -30,9 +30,10 @@ from fastapi.responses import JSONResponse, Response
 
 from headrace.api.arrival import arrival_time
 from headrace.api.errors import APIError, bad_request
+from headrace.api.outcomes import engine_failure
 from headrace.api.replica_schemas import ReplicaAbortBody, ReplicaGenerateBody
 from headrace.api.schemas import error_responses
-from headrace.api.serving import engine_failure, unless_disconnected
+from headrace.api.serving import unless_disconnected
 from headrace.api.sse import DONE, SSEResponse, encode_event
 from headrace.api.state import AppState, app_state
 from headrace.engine.frontend.client import EngineClient, GenerationChunk

@@ -15,32 +15,18 @@ from typing import Protocol, TypeVar
 
 from fastapi import Request
 
-from headrace.api.errors import APIError, bad_request
+from headrace.api.errors import APIError
 from headrace.api.job import Job
+from headrace.api.outcomes import Outcome, engine_failure, raise_for
 from headrace.api.request_trace import traced
 from headrace.api.sse import DONE, error_event, wait_for_disconnect
 from headrace.api.state import AppState
 from headrace.api.usage_record import record_usage
 from headrace.engine.frontend.client import GenerationChunk
-from headrace.engine.limits import DoesNotFit
 from headrace.request import FinishReason
 
 log = logging.getLogger("headrace.api")
 T = TypeVar("T")
-
-
-def engine_failure(e: Exception, request_id: str) -> APIError:
-    """What an engine's stream raised, as the HTTP error (every route maps it here): refused
-    before it started (a ValueError: it can never fit) 400, ended without a result 500, the
-    engine itself failed 503."""
-    if isinstance(e, APIError):
-        return e
-    if isinstance(e, ValueError):
-        return bad_request(str(e), e.param if isinstance(e, DoesNotFit) else None)
-    if isinstance(e, StopAsyncIteration):
-        return APIError(500, "the engine ended the request without a result")
-    log.error("engine failed on %s", request_id, exc_info=e)
-    return APIError(503, f"the engine failed: {e}", type="unavailable_error")
 
 
 class Run(Protocol):
@@ -100,7 +86,7 @@ class RequestRun:
             error = engine_failure(e, self.job.request_id)
             self.http_status = error.status
             raise error from e
-        return self._record(chunk)  # an ERROR or OVERLOADED chunk raises its 502 or 503
+        return self._record(chunk)
 
     def _record(self, chunk: GenerationChunk) -> GenerationChunk:
         job = self.job
@@ -114,16 +100,7 @@ class RequestRun:
         self.replica = chunk.replica or self.replica
         self.last = chunk
         self.finish_reason = chunk.finish_reason
-        if chunk.finish_reason is FinishReason.ERROR:  # the engine (a replica) failed: upstream
-            raise APIError(
-                502, chunk.error or "the engine failed on this request", type="server_error",
-                code=502,
-            )  # fmt: skip
-        if chunk.finish_reason is FinishReason.OVERLOADED:
-            raise APIError(
-                503, chunk.error or "the request did not start within its queue deadline",
-                type="overloaded_error", code=503,
-            )  # fmt: skip
+        raise_for(chunk.finish_reason, chunk.error)  # ERROR: 502, OVERLOADED: 503
         return chunk
 
     async def close(self) -> None:
@@ -171,8 +148,8 @@ async def unless_disconnected(state: AppState, request: Request, work: Awaitable
         if task.done():
             return task.result()
         if stopping.done():
-            raise APIError(503, "server shutting down", type="unavailable_error", code=503)
-        raise APIError(499, "client closed the request", type="client_closed")
+            raise Outcome.SHUTTING_DOWN.error()
+        raise Outcome.CLIENT_GONE.error()
     finally:
         for t in (task, gone, stopping):
             if not t.done():

@@ -11,6 +11,7 @@ from fastapi import Request
 
 from headrace.api.errors import APIError
 from headrace.api.grammar_cache import GrammarCache
+from headrace.api.outcomes import Outcome
 from headrace.api.response_store import ResponseStore
 from headrace.api.structured import grammar_cache
 from headrace.batches.service import Batches
@@ -72,20 +73,16 @@ class AppState:
                 param="model", code="model_not_found",
             )  # fmt: skip
         if not engine.is_healthy:
-            raise APIError(
-                503, f"the engine of model {model!r} is not running", type="unavailable_error"
-            )
+            raise Outcome.ENGINE_DOWN.error(repr(model))
         return model, engine
 
     def check_accepting(self) -> None:
         if self.shutdown.is_set():
-            raise APIError(503, "server shutting down", type="unavailable_error", code=503)
+            raise Outcome.SHUTTING_DOWN.error()
         if self.load_error is not None:
-            raise APIError(
-                503, f"model failed to load: {self.load_error}", type="unavailable_error"
-            )
+            raise Outcome.LOAD_FAILED.error(self.load_error)
         if self.loading or not self.engines:
-            raise APIError(503, "model is loading", type="unavailable_error", code=503)
+            raise Outcome.LOADING.error()
 
     def health(self, details: bool = True) -> tuple[int, dict[str, object]]:
         """Status code and body for /health; without `details`, the body is only its status

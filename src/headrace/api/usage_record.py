@@ -11,17 +11,14 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 
 from headrace.api.job import FinishedRun
+from headrace.api.outcomes import ABORTED, status_of
 from headrace.gateway.auth import key_from_headers
 from headrace.ledger.records import UsageRecord, key_id
-from headrace.request import FinishReason
 
 if TYPE_CHECKING:
     from headrace.api.state import AppState
 
 log = logging.getLogger("headrace.ledger")
-ABORTED = 499  # ended before its end: the client left, or the server stopped (nginx's code)
-# What the routes answer for a run that ended so (FinishedRun._record raises it).
-_ERRORS = {FinishReason.ERROR: 502, FinishReason.OVERLOADED: 503}
 
 
 def record_usage(state: AppState, runs: Sequence[FinishedRun], n: int = 1) -> None:
@@ -53,9 +50,10 @@ def _usage(runs: Sequence[FinishedRun], n: int) -> UsageRecord:
 
 
 def http_status(runs: Sequence[FinishedRun]) -> int:
-    """The first error a run ended with; else 499 if one was cut short, else 200."""
+    """The first error a run ended with; else 499 if one was cut short (the client left or the
+    server stopped: nginx's code), else 200."""
     for run in runs:
-        status = run.http_status or _ERRORS.get(run.finish_reason or FinishReason.STOP)
+        status = status_of(run.finish_reason, run.http_status)
         if status is not None:
             return status
     return ABORTED if any(r.finish_reason is None for r in runs) else 200
