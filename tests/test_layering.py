@@ -1,5 +1,5 @@
 """The subpackages of `headrace` import one way: api → ledger → gateway → router → engine → loader →
-models → layers → kernels, never back. Read from the source with `ast`, so a
+models → layers → kernels → config, never back. Read from the source with `ast`, so a
 new import that closes a cycle fails here, whatever the runtime import order hides."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 import headrace
 
 ROOT = Path(headrace.__file__).parent
-# Each subpackage may import only those after it in this order (top-level modules — config,
-# request, paths — sit under everything and may be imported by all).
+# Each subpackage may import only those after it in this order (top-level modules — request,
+# paths — sit under everything and may be imported by all; so do the settings, `config`).
 ORDER = [
     "commands", "bench", "api", "batches", "ledger", "gateway", "router", "metrics", "engine",
-    "lora", "loader", "models", "layers", "kernels",
+    "lora", "loader", "models", "layers", "kernels", "config",
 ]  # fmt: skip
 
 
