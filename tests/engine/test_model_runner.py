@@ -119,7 +119,7 @@ def test_model_path_that_does_not_exist(tmp_path: Path) -> None:
 def test_auto_dtype_is_bf16_only_where_it_is_native(
     tmp_path: Path, flags: str, device: str, expected: torch.dtype
 ) -> None:
-    from headrace.engine.runner.model_runner import pick_dtype
+    from headrace.engine.runner.precision import pick_dtype
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")

@@ -12,10 +12,8 @@ within one step; if the core dies, every open request ends with an error chunk.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
@@ -24,6 +22,7 @@ from headrace.engine.core.core_link import CoreBusyError
 from headrace.engine.core.core_loop import CoreSpec, QueueFactory, RunnerFactory
 from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.engine.frontend.lora_commands import LoraCommands
+from headrace.engine.frontend.open_streams import OpenStreams
 from headrace.engine.frontend.text_stream import RequestTextStream
 from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.limits import check_fits
@@ -46,21 +45,12 @@ from headrace.request import FinishReason, SamplingParams
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Stream:
-    core_id: str
-    text: RequestTextStream
-    chunks: asyncio.Queue[GenerationChunk] = field(default_factory=asyncio.Queue)
-
-
 class AsyncEngine:
     """Use `await AsyncEngine.start(...)`; it returns once the model is loaded."""
 
     def __init__(self, conn: CoreConnection) -> None:
         self._conn = conn
-        self._streams: dict[str, _Stream] = {}  # by the caller's request id
-        self._by_core_id: dict[str, str] = {}  # core id -> caller's request id
-        self._ids = itertools.count()
+        self._streams = OpenStreams()
         self._stats = StepStats()
         self._dead: str | None = None  # why the core is gone
         self._closed = False
@@ -207,10 +197,7 @@ class AsyncEngine:
         check_fits(len(ids), params.max_tokens, info.max_model_len, self._capacity_tokens)
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        stream = _Stream(
-            core_id=f"{request_id}#{next(self._ids)}",  # unique even if the caller reuses ids
-            text=RequestTextStream(request_id, self.tokenizer, ids, params),
-        )
+        stream = self._streams.new(RequestTextStream(request_id, self.tokenizer, ids, params))
         opts = options or GenerateOptions()
         core_request = EngineCoreRequest(
             request_id=stream.core_id,
@@ -235,8 +222,7 @@ class AsyncEngine:
         except CoreBusyError as e:  # refused now rather than queued without bound
             yield stream.text.fail(str(e), FinishReason.OVERLOADED)
             return
-        self._streams[request_id] = stream
-        self._by_core_id[stream.core_id] = request_id
+        self._streams.open(stream)
         try:
             while True:
                 chunk = await stream.chunks.get()
@@ -246,7 +232,7 @@ class AsyncEngine:
         finally:
             if not stream.text.finished:  # the caller left early: free the core's blocks
                 self._conn.send(AbortRequests([stream.core_id]))
-            self._forget(stream)
+            self._streams.forget(stream)
 
     async def lora_command(self, name: str, path: str | None) -> None:
         """Load the adapter in directory `path` as `name` in the core, or unload `name`
@@ -265,7 +251,7 @@ class AsyncEngine:
         if self._closed:
             return
         self._closed = True
-        self._end_all("the engine is shutting down")
+        self._streams.end_all("the engine is shutting down")
         await self._conn.close()
 
     # -- receiving --------------------------------------------------------------------------
@@ -286,18 +272,9 @@ class AsyncEngine:
                 self._ready.set_exception(RuntimeError(f"engine core failed:\n{msg.error}"))
 
     def _route(self, out: RequestOutput) -> None:
-        request_id = self._by_core_id.get(out.request_id)
-        stream = self._streams.get(request_id) if request_id is not None else None
-        if stream is None:
-            return  # a request already ended here (stop string, caller gone)
-        chunk = stream.text.process(out)
-        if chunk is None:
-            return
-        stream.chunks.put_nowait(chunk)
-        if chunk.finished:
-            if not out.finished:  # a stop string ended it here: the core does not know yet
-                self._conn.send(AbortRequests([stream.core_id]))
-            self._forget(stream)
+        stop = self._streams.route(out)
+        if stop is not None:
+            self._conn.send(AbortRequests([stop]))
 
     def _on_death(self, reason: str) -> None:
         log.error("%s", reason)
@@ -305,20 +282,7 @@ class AsyncEngine:
         if not self._ready.done():
             self._ready.set_exception(RuntimeError(reason))
         self._loras.fail_all(reason)
-        self._end_all(reason)
-
-    def _end_all(self, reason: str) -> None:
-        for stream in list(self._streams.values()):
-            if not stream.text.finished:
-                stream.chunks.put_nowait(stream.text.fail(reason))
-            self._forget(stream)
-
-    # -- helpers ----------------------------------------------------------------------------
-
-    def _forget(self, stream: _Stream) -> None:
-        if self._streams.get(stream.text.request_id) is stream:
-            del self._streams[stream.text.request_id]
-        self._by_core_id.pop(stream.core_id, None)
+        self._streams.end_all(reason)
 
     @property
     def _capacity_tokens(self) -> int:
