@@ -32,6 +32,15 @@ class FinishReason(enum.StrEnum):
     OVERLOADED = "overloaded"
 
 
+def prefix_salt(tenant: str, cache_salt: str | None, adapter: str | int | None) -> str:
+    """Requests share cached prefix blocks only within one salt: the request's `cache_salt`,
+    else its tenant's name; two adapters (or an adapter and the base model) never share KV.
+    The engine salts with the adapter's load id (a reloaded adapter starts afresh), the router's
+    affinity index with its name."""
+    salt = tenant if cache_salt is None else cache_salt
+    return salt if adapter is None or adapter == 0 else f"{salt}\x00lora:{adapter}"
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"

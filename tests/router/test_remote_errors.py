@@ -22,7 +22,7 @@ import pytest
 from factories import Server, running, serve_args, wait_for
 
 from headrace.loader.tokenizer import load_tokenizer
-from headrace.router.router import REPLICA_FAILED
+from headrace.router.attempt import REPLICA_FAILED
 
 LEAK = "tenant acme has 7 requests queued at http://10.0.0.5:9000"
 

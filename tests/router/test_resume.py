@@ -17,8 +17,9 @@ from fake_engine import FakeEngine
 from headrace.config import RouterConfig
 from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.request import FinishReason, SamplingParams
+from headrace.router.attempt import REPLICA_FAILED
 from headrace.router.replica import Replica
-from headrace.router.router import REPLICA_FAILED, Router
+from headrace.router.router import Router
 
 PROMPT = [1, 2, 3]
 

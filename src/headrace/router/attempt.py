@@ -8,11 +8,15 @@ the caller (`streamed`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.request import FinishReason, SamplingParams
 from headrace.router.replica import Replica
+
+log = logging.getLogger("headrace.router")
+REPLICA_FAILED = "the replica serving this request failed; retry later"
 
 
 class Attempt:
@@ -70,3 +74,14 @@ async def _close(chunks: AsyncIterator[GenerationChunk]) -> None:
     aclose = getattr(chunks, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+def end_chunk(request_id: str, reason: FinishReason) -> GenerationChunk:
+    return GenerationChunk(request_id, "", [], reason)
+
+
+def for_caller(request_id: str, failure: GenerationChunk) -> GenerationChunk:
+    """A replica's failure as the caller (a tenant) sees it: that it failed. Why, and where (a
+    remote replica's URL, a Ray node's address), is for the log and /health's details only."""
+    log.warning("request %s failed: %s", request_id, failure.error)
+    return dataclasses.replace(failure, error=REPLICA_FAILED)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -25,8 +24,8 @@ from headrace.config import RouterConfig
 from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.messages import StepStats
-from headrace.request import FinishReason, SamplingParams
-from headrace.router.attempt import Attempt
+from headrace.request import FinishReason, SamplingParams, prefix_salt
+from headrace.router.attempt import Attempt, end_chunk, for_caller
 from headrace.router.deadlines import deadline_of, time_left_since
 from headrace.router.load import sum_stats
 from headrace.router.lora_changes import LoraChanges
@@ -51,9 +50,6 @@ class Autoscaling(Protocol):
 
 
 _RESUME_POLL_S = 0.05
-
-
-REPLICA_FAILED = "the replica serving this request failed; retry later"
 
 
 class NoReplicaError(RuntimeError):
@@ -143,8 +139,7 @@ class Router:
     ) -> AsyncIterator[GenerationChunk]:
         ids = list(prompt_token_ids)
         opts = options or GenerateOptions()
-        salt = opts.tenant if opts.cache_salt is None else opts.cache_salt  # as the engine's
-        salt += "" if opts.lora is None else f"\x00lora:{opts.lora}"
+        salt = prefix_salt(opts.tenant, opts.cache_salt, opts.lora)
         affinity = self.policy.uses_prefixes and len(self.replicas) > 1
         hashes = prefix_hashes(ids, salt) if affinity else []
         stream = ResumableStream(ids, params, self.config.max_resumes, self.tokenizer)
@@ -172,14 +167,14 @@ class Router:
         while True:
             replica = await self._next_replica(request_id, len(ids), tried, hashes, deadline)
             if self._between.pop(request_id, False):  # aborted while it waited
-                yield stream.deliver(_end_chunk(request_id, FinishReason.ABORT))
+                yield stream.deliver(end_chunk(request_id, FinishReason.ABORT))
                 return
             if replica is None:
                 if failure is not None and _past(deadline):  # as the engine ends it
-                    yield stream.deliver(_end_chunk(request_id, FinishReason.TIMEOUT))
+                    yield stream.deliver(end_chunk(request_id, FinishReason.TIMEOUT))
                     return
                 if failure is not None:
-                    yield stream.deliver(_for_caller(request_id, failure))
+                    yield stream.deliver(for_caller(request_id, failure))
                     return
                 raise NoReplicaError(f"no replica of model {self.name!r} is in rotation")
             tried.add(id(replica))
@@ -197,7 +192,7 @@ class Router:
             failure = attempt.failure
             if attempt.streamed or stream.resumes:
                 if not self._resume(request_id, replica, stream, failure):
-                    yield stream.deliver(_for_caller(request_id, failure))
+                    yield stream.deliver(for_caller(request_id, failure))
                     return
                 self._between[request_id] = False
                 tried = set()  # out of rotation: back in it after a restart, it may serve
@@ -296,14 +291,3 @@ class Router:
 
 def _past(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
-
-
-def _end_chunk(request_id: str, reason: FinishReason) -> GenerationChunk:
-    return GenerationChunk(request_id, "", [], reason)
-
-
-def _for_caller(request_id: str, failure: GenerationChunk) -> GenerationChunk:
-    """A replica's failure as the caller (a tenant) sees it: that it failed. Why, and where (a
-    remote replica's URL, a Ray node's address), is for the log and /health's details only."""
-    log.warning("request %s failed: %s", request_id, failure.error)
-    return dataclasses.replace(failure, error=REPLICA_FAILED)

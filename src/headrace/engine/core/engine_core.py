@@ -30,7 +30,7 @@ from headrace.engine.outputs import RunnerOutput, SchedulerOutput
 from headrace.engine.sched.lora_stats import lora_counts
 from headrace.engine.sched.scheduler import Scheduler
 from headrace.engine.sched.waiting_queue import WaitingQueue
-from headrace.request import FinishReason, Request
+from headrace.request import FinishReason, Request, prefix_salt
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,6 @@ class EngineCore:
         # than now, should the clocks disagree).
         start = now if r.arrival_time is None else min(r.arrival_time, now)
         lora_id = self._lora_id(r.lora_name)
-        salt = r.tenant if r.cache_salt is None else r.cache_salt
         self.scheduler.add_request(
             Request(
                 request_id=r.request_id,
@@ -120,8 +119,7 @@ class EngineCore:
                 priority=r.priority,
                 tenant=r.tenant,
                 weight=r.weight,
-                # Two adapters (or an adapter and the base) never share KV: the salt says which
-                cache_salt=salt if not lora_id else f"{salt}\x00lora:{lora_id}",
+                cache_salt=prefix_salt(r.tenant, r.cache_salt, lora_id),
                 lora_id=lora_id,
                 arrival_time=start,
                 deadline=None if r.timeout_s is None else start + r.timeout_s,
