@@ -14,7 +14,7 @@ python -c 'import torch, headrace; print("torch", torch.__version__, "cuda", tor
 timeout 330 python bench/gpu/device_bench.py --out "$OUT/h200.json" >>"$OUT/bench.log" 2>&1 \
   || echo "device_bench failed or ran out of time (see bench.log)"
 if python -c 'import transformers' 2>/dev/null; then  # the test models are built with it
-  timeout 120 python -m pytest -q -x -k cuda tests/engine/test_model_runner.py \
+  timeout 120 python -m pytest -q -x -k cuda tests/engine/runner/test_model_runner.py \
     tests/api/test_serve_cuda.py >"$OUT/tests.log" 2>&1; echo "tests rc=$?" >>"$OUT/tests.log"
 else
   echo "no transformers on this machine: the CUDA test legs did not run" >"$OUT/tests.log"

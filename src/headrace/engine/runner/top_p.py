@@ -11,7 +11,7 @@ TOP_P_FIRST likeliest first (`topk`) and buckets only a row whose set is larger
 1e-6 of the mass, the float32 logits' own precision (0.5 + 0.3 reaches 0.8 though their logs
 round apart); ties at the edge are kept in either order. Sorting every row took 680 ms for 32
 rows of Gemma 3 logits on a 2-core EPYC; bench/sampler_top_p.py times the three ways and
-tests/engine/test_sampler_top_p.py compares both with it on rows from one likely token to
+tests/engine/runner/test_sampler_top_p.py compares both with it on rows from one likely token to
 ~19k.
 
 Shapes: x [R, V] float32 logits over T -> the sets of the rows with p < 1 as a table [R', W]

@@ -21,8 +21,8 @@ from headrace.engine.messages import RequestOutput, StepStats
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.sched.admission import make_admission
 from headrace.engine.sched.fair_queue import FairQueue
-from headrace.engine.sched.preemption import victims_to_admit
 from headrace.engine.sched.request_report import expired_status, request_output
+from headrace.engine.sched.running import RunningSet
 from headrace.engine.sched.speculation import accept
 from headrace.engine.sched.speculator import Speculator
 from headrace.engine.sched.step_budget import StepBudget
@@ -33,10 +33,6 @@ from headrace.engine.sched.waiting_queue import WaitingQueue
 from headrace.request import Request, RequestStatus
 
 log = logging.getLogger(__name__)
-
-
-def _rank(req: Request) -> tuple[int, float]:
-    return (req.priority, req.arrival_time)
 
 
 class Scheduler:
@@ -60,15 +56,13 @@ class Scheduler:
         base = config.max_num_batched_tokens
         self.budget = StepBudget(base, config.burst_batched_tokens or base)
         self.requests: dict[str, Request] = {}  # every unfinished request
-        self.running: list[Request] = []  # in rank order: priority, then arrival
-        self.num_preemptions_total = 0
+        self.run = RunningSet(block_manager, self.queue, config)
+        self.running = self.run.requests  # in rank order: priority, then arrival
         self.num_tokens_total = 0  # computed in all steps so far: the gateway's throughput
         self._pending: list[RequestOutput] = []  # finished outside a step (abort, deadline)
         self._finished_ids: list[str] = []  # for the runner to drop their state
         self._last_prefill = 0  # prompt tokens in the last scheduled step
         self.spec = Speculator(config, max_model_len)
-
-    # -- requests in and out ------------------------------------------------------------
 
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
@@ -87,8 +81,7 @@ class Scheduler:
         req = self.requests.get(request_id)
         if req is None:
             return False
-        self._finish(req, RequestStatus.FINISHED_ABORTED)
-        self._pending.append(request_output(req, []))
+        self._end(req, RequestStatus.FINISHED_ABORTED)
         return True
 
     def emit(self, output: RequestOutput) -> None:
@@ -100,8 +93,7 @@ class Scheduler:
         for rid in list(request_ids):
             req = self.requests.get(rid)
             if req is not None:
-                self._finish(req, RequestStatus.FINISHED_ERROR)
-                self._pending.append(request_output(req, [], error=error))
+                self._end(req, RequestStatus.FINISHED_ERROR, error)
 
     def take_outputs(self) -> list[RequestOutput]:
         """The outputs that finished outside a step, now (after a step that broke down)."""
@@ -114,8 +106,6 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.queue)
-
-    # -- one step -----------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         now = self.clock()
@@ -136,7 +126,7 @@ class Scheduler:
                 n = min(remaining, budget)
                 if decodes and speculate:
                     n += self.spec.draft(req, budget, partial(self.blocks.can_fit, rid))
-                budget -= self._schedule_running(req, n, plan, preempted)
+                budget -= self.run.grow(req, n, plan, preempted)
         budget = self._admit(budget, plan, preempted, now)
         return self._build_output(plan, now)
 
@@ -184,36 +174,10 @@ class Scheduler:
         the runner could not sample it (`error`)."""
         rid = req.request_id
         if rid in result.stopped:
-            self._finish(req, RequestStatus.FINISHED_STOPPED)
-            self._pending.append(request_output(req, []))
-            return
-        self._finish(req, RequestStatus.FINISHED_ERROR)
-        error = result.errors.get(rid, "the model runner sampled no token")
-        self._pending.append(request_output(req, [], error=error))
-
-    # -- scheduling helpers -------------------------------------------------------------
-
-    def _schedule_running(
-        self, req: Request, n: int, plan: dict[str, int], preempted: set[str]
-    ) -> int:
-        """Give a running request up to `n` tokens, preempting lower-ranked ones for blocks.
-
-        Returns the budget consumed net of what preempted requests gave back.
-        """
-        refund = 0
-        start = req.num_computed_tokens
-        while not self.blocks.can_fit(req.request_id, start + n):
-            victim = self.running[-1]
-            if victim is req:
-                # Nobody ranks lower: take the blocks that are free; if none, wait a step.
-                n = min(n, self.blocks.max_tokens_fitting(req.request_id) - start)
-                if n <= 0:
-                    return -refund
-                break
-            refund += self._preempt(victim, plan, preempted)
-        self.blocks.allocate(req.request_id, start + n)
-        plan[req.request_id] = n
-        return n - refund
+            self._end(req, RequestStatus.FINISHED_STOPPED)
+        else:
+            error = result.errors.get(rid, "the model runner sampled no token")
+            self._end(req, RequestStatus.FINISHED_ERROR, error)
 
     def _admit(self, budget: int, plan: dict[str, int], preempted: set[str], now: float) -> int:
         deferred: list[Request] = []  # waiting for a prefix that a running request computes
@@ -234,7 +198,7 @@ class Scheduler:
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self._room_for(req, n):
-                refund = self._preempt_for_priority(req, n, plan, preempted)
+                refund = self._make_room(req, n, plan, preempted)
                 if refund is None:
                     self.kv.release(req)
                     break
@@ -242,21 +206,29 @@ class Scheduler:
             if not self.kv.allocate(req, req.num_computed_tokens + n):
                 self.kv.release(req)  # victims' blocks were shared after all: wait a step
                 break
-            if req is self.queue.peek():
-                self.queue.pop()
-            else:
-                self.queue.remove(req)
-            req.status = RequestStatus.RUNNING
-            self.kv.admitted(req, hit, first=req.first_scheduled_time is None)
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = now
-            self.running.append(req)
-            self.running.sort(key=_rank)
+            self._start(req, hit, now)
             plan[req.request_id] = n
             budget -= n
         for req in deferred:
             self.queue.add(req)
         return budget
+
+    def _start(self, req: Request, hit: int, now: float) -> None:
+        if req is self.queue.peek():
+            self.queue.pop()
+        else:
+            self.queue.remove(req)
+        self.kv.admitted(req, hit, first=req.first_scheduled_time is None)
+        if req.first_scheduled_time is None:
+            req.first_scheduled_time = now
+        self.run.add(req)
+
+    def _make_room(
+        self, req: Request, n: int, plan: dict[str, int], preempted: set[str]
+    ) -> int | None:
+        if not self.admission.allows_priority_preemption:
+            return None
+        return self.run.make_room(req, n, plan, preempted)
 
     def _lora_fits(self, req: Request) -> bool:
         """A request of a LoRA adapter runs only while at most `max_loras` adapters do."""
@@ -269,34 +241,6 @@ class Scheduler:
         if len(self.running) >= self.config.seqs_limit:
             return False
         return self.kv.has_room(req, n, others_running=bool(self.running))
-
-    def _preempt_for_priority(
-        self, req: Request, n: int, plan: dict[str, int], preempted: set[str]
-    ) -> int | None:
-        """Preempt running requests of a lower tier to admit `req`, if that makes room.
-
-        Returns the budget the victims gave back, or None when no such room can be made.
-        Each victim is preempted at most `max_preemptions` times, so it cannot thrash.
-        """
-        if not self.admission.allows_priority_preemption:
-            return None
-        victims = victims_to_admit(self.running, req, n, self.blocks, self.config)
-        if victims is None:
-            return None
-        return sum(self._preempt(victim, plan, preempted) for victim in victims)
-
-    def _preempt(self, victim: Request, plan: dict[str, int], preempted: set[str]) -> int:
-        """Free the victim's blocks and send it back to wait; returns the budget it held."""
-        self.running.remove(victim)
-        self.blocks.free(victim.request_id)
-        victim.num_recomputed_tokens += victim.num_computed_tokens
-        victim.num_computed_tokens = 0
-        victim.status = RequestStatus.PREEMPTED
-        victim.num_preemptions += 1
-        self.num_preemptions_total += 1
-        self.queue.add(victim)
-        preempted.add(victim.request_id)
-        return plan.pop(victim.request_id, 0)
 
     def _build_output(self, plan: dict[str, int], now: float) -> SchedulerOutput:
         scheduled = []
@@ -317,8 +261,12 @@ class Scheduler:
         for req in list(self.requests.values()):
             status = expired_status(req, now)
             if status is not None:
-                self._finish(req, status)
-                self._pending.append(request_output(req, []))
+                self._end(req, status)
+
+    def _end(self, req: Request, status: RequestStatus, error: str | None = None) -> None:
+        """Finish `req` outside a step's tokens; its last output goes with the next step."""
+        self._finish(req, status)
+        self._pending.append(request_output(req, [], error=error))
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         if req in self.running:
@@ -331,7 +279,9 @@ class Scheduler:
         self._finished_ids.append(req.request_id)
         self.admission.on_finish(req)
 
-    # -- statistics ---------------------------------------------------------------------
+    @property
+    def num_preemptions_total(self) -> int:
+        return self.run.num_preemptions_total
 
     @property
     def prefix_hits_total(self) -> int:

@@ -1,0 +1,78 @@
+"""The running requests in rank order (priority, then arrival), and taking them off again.
+
+Preemption frees a request's blocks and sends it back to wait; it is recomputed later, never
+dropped. Within a step, `plan` maps request id -> tokens scheduled so far and `preempted`
+names the requests taken off in it (they do not come back in the same step).
+"""
+
+from __future__ import annotations
+
+from headrace.config import SchedulerConfig
+from headrace.engine.kv.block_manager import BlockManager
+from headrace.engine.sched.preemption import victims_to_admit
+from headrace.engine.sched.waiting_queue import WaitingQueue
+from headrace.request import Request, RequestStatus
+
+
+def _rank(req: Request) -> tuple[int, float]:
+    return (req.priority, req.arrival_time)
+
+
+class RunningSet:
+    def __init__(self, blocks: BlockManager, queue: WaitingQueue, config: SchedulerConfig) -> None:
+        self.blocks = blocks
+        self.queue = queue
+        self.config = config
+        self.requests: list[Request] = []  # in rank order
+        self.num_preemptions_total = 0
+
+    def add(self, req: Request) -> None:
+        req.status = RequestStatus.RUNNING
+        self.requests.append(req)
+        self.requests.sort(key=_rank)
+
+    def grow(self, req: Request, n: int, plan: dict[str, int], preempted: set[str]) -> int:
+        """Give a running request up to `n` tokens, preempting lower-ranked ones for blocks.
+
+        Returns the budget consumed net of what preempted requests gave back.
+        """
+        refund = 0
+        start = req.num_computed_tokens
+        while not self.blocks.can_fit(req.request_id, start + n):
+            victim = self.requests[-1]
+            if victim is req:
+                # Nobody ranks lower: take the blocks that are free; if none, wait a step.
+                n = min(n, self.blocks.max_tokens_fitting(req.request_id) - start)
+                if n <= 0:
+                    return -refund
+                break
+            refund += self.preempt(victim, plan, preempted)
+        self.blocks.allocate(req.request_id, start + n)
+        plan[req.request_id] = n
+        return n - refund
+
+    def make_room(
+        self, req: Request, n: int, plan: dict[str, int], preempted: set[str]
+    ) -> int | None:
+        """Preempt running requests of a lower tier to admit `req`, if that makes room.
+
+        Returns the budget the victims gave back, or None when no such room can be made.
+        Each victim is preempted at most `max_preemptions` times, so it cannot thrash.
+        """
+        victims = victims_to_admit(self.requests, req, n, self.blocks, self.config)
+        if victims is None:
+            return None
+        return sum(self.preempt(victim, plan, preempted) for victim in victims)
+
+    def preempt(self, victim: Request, plan: dict[str, int], preempted: set[str]) -> int:
+        """Free the victim's blocks and send it back to wait; returns the budget it held."""
+        self.requests.remove(victim)
+        self.blocks.free(victim.request_id)
+        victim.num_recomputed_tokens += victim.num_computed_tokens
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.queue.add(victim)
+        preempted.add(victim.request_id)
+        return plan.pop(victim.request_id, 0)
