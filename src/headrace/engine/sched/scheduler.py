@@ -57,7 +57,6 @@ class Scheduler:
         self.budget = StepBudget(base, config.burst_batched_tokens or base)
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.run = RunningSet(block_manager, self.queue, config)
-        self.running = self.run.requests  # in rank order: priority, then arrival
         self.num_tokens_total = 0  # computed in all steps so far: the gateway's throughput
         self._pending: list[RequestOutput] = []  # finished outside a step (abort, deadline)
         self._finished_ids: list[str] = []  # for the runner to drop their state
@@ -278,6 +277,11 @@ class Scheduler:
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)
         self.admission.on_finish(req)
+
+    @property
+    def running(self) -> list[Request]:
+        """The running requests in rank order: priority, then arrival."""
+        return self.run.requests
 
     @property
     def num_preemptions_total(self) -> int:
