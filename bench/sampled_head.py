@@ -1,5 +1,6 @@
 """Sampled rows on real hidden states of the default model: the reference path (the bf16 head +
-Sampler) against the screened sampler (the int8 head's bounds, exact rejection). Prints JSON.
+Sampler) against the screened sampler (the int8 head's bounds, exact rejection; with
+--top-p, screened_top_p.py's membership checks). Prints JSON.
 
 Decodes plain-word prompts through the runner (bench/greedy_head.py's capture), then on each
 captured step times both ways, interleaved (A, B, A, B ...), at each row count and
@@ -7,6 +8,7 @@ temperature; reports mean ms a step, the ratio, proposals per accepted token, ex
 computed per row and rows handed back to the full head. Gemma 3 270M: head 262,144 x 640.
 
     .venv/bin/python bench/sampled_head.py --rows 1,4,16,32,64 --steps 4
+    .venv/bin/python bench/sampled_head.py --rows 1,2,4 --temperatures 1.0,0.8 --top-p 0.95,0.9
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rows", default="1,4,16,32,64")
     p.add_argument("--temperatures", default="0.8,1.0")
+    p.add_argument("--top-p", default="1.0", help="comma list: 1.0 = off")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
@@ -44,15 +47,19 @@ def main() -> None:
     for n in counts:
         xs = capture(runner, [tok.encode(words.request(i).prompt) for i in range(n)], args.steps)
         for t in (float(v) for v in args.temperatures.split(",")):
-            report[f"{n}rows_T{t}"] = _compare(runner, xs, t, args.repeats)
+            for top_p in (float(v) for v in args.top_p.split(",")):
+                key = f"{n}rows_T{t}" + (f"_p{top_p}" if top_p < 1 else "")
+                report[key] = _compare(runner, xs, t, top_p, args.repeats)
     print(json.dumps(report, indent=1))
 
 
-def _compare(runner: ModelRunner, xs: list[torch.Tensor], t: float, repeats: int) -> Any:
+def _compare(
+    runner: ModelRunner, xs: list[torch.Tensor], t: float, top_p: float, repeats: int
+) -> Any:
     assert runner.greedy_head is not None
     screened = ScreenedSampler(runner.greedy_head, seed=0)
     sampler = Sampler(seed=0)
-    params = SamplingParams(temperature=t)
+    params = SamplingParams(temperature=t, top_p=top_p)
     reqs = [ScheduledRequest(str(i), [1], 0, [0], True, params, 0) for i in range(len(xs[0]))]
     ref_s, new_s = 0.0, 0.0
     for x in xs:
@@ -75,6 +82,7 @@ def _compare(runner: ModelRunner, xs: list[torch.Tensor], t: float, repeats: int
         "rescored_per_row": round(st.rescored / max(st.rows, 1), 2),
         "fallbacks": st.fallbacks,
         "violations": st.violations,
+        "top_p": vars(screened.top_p.stats),
     }
 
 

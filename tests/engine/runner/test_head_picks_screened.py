@@ -1,13 +1,17 @@
 """A step's picks with the screened sampler: plain sampled rows are drawn from the int8 head
-(the full head never sees them); seeded, logprobs, processor, top_p-only and greedy rows keep
-their paths."""
+(the full head never sees them); seeded, logprobs, processor and greedy rows keep their paths,
+as do all sampled rows of a step whose draft rows take the full head, and the top_p rows of a
+step with more than screened_top_p.MAX_ROWS of them."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
 
 from headrace.engine.outputs import LogitsInputs, ScheduledRequest
+from headrace.engine.runner import screened_top_p
 from headrace.engine.runner.head_picks import pick_tokens
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.screened_sampler import ScreenedSampler
@@ -51,9 +55,10 @@ def test_plain_sampled_rows_skip_the_full_head() -> None:
     screened.min_rows = 1
     picks = pick_tokens(rows, reqs, head, full_head, Sampler(0), grammars, screened)
     assert len(seen) == 1
-    expect = rows[[2, 3, 4, 7]]  # seeded, logprobs, top_p alone, processors
+    expect = rows[[2, 3, 7]]  # seeded, logprobs, processors
     assert torch.equal(seen[0], expect)
-    assert screened.stats.rows == 3  # plain, top_k, min_p
+    assert screened.stats.rows == 4  # plain, top_p, top_k, min_p
+    assert screened.top_p.stats.rows == 1 and screened.stats.fallbacks == 0
     assert all(0 <= t < 2000 for t in picks.tokens)
     assert picks.logprobs[3] is not None and picks.logprobs[0] is None
     # without it, every non-greedy row takes the full head, as before
@@ -80,3 +85,42 @@ def test_a_step_with_fewer_plain_sampled_rows_than_min_rows_takes_the_full_head(
         rows, reqs, head, full_head, Sampler(0), GrammarMasks(lambda: "", 2000, ()), screened
     )
     assert torch.equal(seen[0], rows) and screened.stats.rows == 0
+
+
+def _setup(seed: int) -> tuple[torch.Tensor, Int8GreedyHead, list[torch.Tensor], Any]:
+    gen = torch.Generator().manual_seed(seed)
+    w = (torch.randn(2000, 64, generator=gen) * 0.05).bfloat16()
+    seen: list[torch.Tensor] = []
+
+    def full_head(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x)
+        return x @ w.t()
+
+    return w, Int8GreedyHead(w), seen, full_head
+
+
+def test_a_step_whose_drafts_take_the_full_head_takes_it_for_its_sampled_rows() -> None:
+    _, head, seen, full_head = _setup(2)
+    drafting = _req("drafting", temperature=0.8)
+    drafting.draft_token_ids.extend([7, 8])
+    reqs = [drafting, _req("plain")]
+    rows = torch.randn(4, 64, generator=torch.Generator().manual_seed(3)).bfloat16()
+    screened = ScreenedSampler(head, seed=0)
+    picks = pick_tokens(
+        rows, reqs, head, full_head, Sampler(0), GrammarMasks(lambda: "", 2000, ()), screened
+    )
+    assert torch.equal(seen[0], rows)  # both own rows, then the two draft rows
+    assert screened.stats.rows == 0 and len(picks.draft_tokens) == 2
+
+
+def test_top_p_rows_past_max_rows_take_the_full_head() -> None:
+    _, head, seen, full_head = _setup(4)
+    n = screened_top_p.MAX_ROWS + 1
+    reqs = [_req(str(i), top_p=0.9) for i in range(n)] + [_req("plain")]
+    rows = torch.randn(n + 1, 64, generator=torch.Generator().manual_seed(5)).bfloat16()
+    screened = ScreenedSampler(head, seed=0)
+    pick_tokens(
+        rows, reqs, head, full_head, Sampler(0), GrammarMasks(lambda: "", 2000, ()), screened
+    )
+    assert torch.equal(seen[0], rows[:n])
+    assert screened.top_p.stats.rows == 0 and screened.stats.rows == n + 1

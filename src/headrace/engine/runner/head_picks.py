@@ -9,7 +9,8 @@ sampled neighbour, a grammar, more rows than the head's sweet spot): a greedy re
 do not depend on its neighbours. The other rows (sampled, logprobs, grammar, processors) and the
 drafts of such requests take the full head's logits as before, except the plain sampled rows
 (engine/runner/screened_sampler.py: no processors, logprobs, grammar or seed), which the runner's
-screened sampler draws exactly from the int8 head's bounds where it has one.
+screened sampler draws exactly from the int8 head's bounds where it has one and the step has
+no draft rows for the full head (those pay for its pass: the few sampled rows go with them).
 
 Rows: the step's sampled rows, one per request, then the draft rows, request after request.
 """
@@ -76,9 +77,11 @@ def pick_tokens(
     logprobs: list[TokenLogprobs | None] = [None] * s
     ends = GrammarEnds()  # none on the int8 head: a constrained row never goes there
     own = [i for i in range(s) if not greedy[i]]
-    if screened is not None and own:
-        own = _draw_screened(rows, sampled, own, screened, sampler, flat)
     drafts = [i for i in range(s, n) if not greedy[i]]
+    # Draft rows take the full head anyway, and a speculating step has few rows: the head's
+    # pass over them costs about what it does without them, the envelope's would come on top
+    if screened is not None and own and not drafts:
+        own = _draw_screened(rows, sampled, own, screened, sampler, flat)
     if own or drafts:
         full = rows if len(own) + len(drafts) == n else rows[own + drafts]
         logits = compute_logits(full)  # [S' + D', V]

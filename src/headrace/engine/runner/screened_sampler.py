@@ -29,8 +29,11 @@ import torch
 
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.sampler import Sampler
+from headrace.engine.runner.screened_top_p import MAX_ROWS as MAX_TOP_P_ROWS
+from headrace.engine.runner.screened_top_p import ScreenedTopP
 from headrace.kernels.int8_envelope import GroupEnvelope, Int8Envelope
 from headrace.kernels.int8_head import Int8GreedyHead
+from headrace.request import SamplingParams
 
 MAX_TOP_K = 1024  # past it the candidates are many: the reference path
 # Below it the bound (~0.1-0.3 wide) is many temperatures wide: few proposals are accepted.
@@ -43,7 +46,7 @@ MAX_GROUPS = 512  # a min_p row with its allowed tokens in at most these: rescor
 def screened_row(r: ScheduledRequest, vocab: int) -> bool:
     """A sampled row this path draws exactly: no processors, logprobs, grammar or seed (a
     seeded request's tokens must not depend on its batch, which sets the int8 rows' scales),
-    top_p only with a top_k."""
+    top_p with a top_k, or without one and without min_p (screened_top_p.py)."""
     p = r.params
     if p.greedy or p.logprobs is not None or p.grammar is not None or p.seed is not None:
         return False
@@ -51,7 +54,11 @@ def screened_row(r: ScheduledRequest, vocab: int) -> bool:
         return False
     if 0 < p.top_k < vocab:
         return p.top_k <= MAX_TOP_K
-    return p.top_p >= 1.0 and p.temperature >= MIN_TEMPERATURE
+    return p.temperature >= MIN_TEMPERATURE and (p.top_p >= 1.0 or p.min_p == 0)
+
+
+def _top_p_alone(p: SamplingParams, vocab: int) -> bool:
+    return p.top_p < 1.0 and not 0 < p.top_k < vocab
 
 
 @dataclass
@@ -83,6 +90,7 @@ class ScreenedSampler:
         else:
             self.gen.manual_seed(seed)
         self.stats = ScreenStats()
+        self.top_p = ScreenedTopP(self.env, self.weight, self.gen)
 
     def __call__(
         self, hidden: torch.Tensor, reqs: Sequence[ScheduledRequest], sampler: Sampler
@@ -90,6 +98,9 @@ class ScreenedSampler:
         """hidden [R, H] of rows that pass `screened_row`; `sampler` draws the top_k rows'
         few logits (its uniform numbers)."""
         x = self.env.padded(hidden)  # [R, H] fp32
+        nucleus = [i for i, r in enumerate(reqs) if _top_p_alone(r.params, self.vocab)]
+        if nucleus:
+            return self._split(x, reqs, nucleus, sampler)
         inv_t = torch.tensor([1.0 / r.params.temperature for r in reqs])
         summary, _, _ = self.env.envelope(x, inv_t)
         out: list[int | None] = [None] * len(reqs)
@@ -111,6 +122,27 @@ class ScreenedSampler:
             self._reject(x, summary, inv_t, rest, floor[rest], out)
         self.stats.rows += len(reqs)
         self.stats.fallbacks += sum(t is None for t in out)
+        return out
+
+    def _split(
+        self,
+        x: torch.Tensor,
+        reqs: Sequence[ScheduledRequest],
+        nucleus: list[int],
+        sampler: Sampler,
+    ) -> list[int | None]:
+        """A step with top_p rows: those by screened_top_p.py (a few) or the full head's."""
+        out: list[int | None] = [None] * len(reqs)
+        if len(nucleus) <= MAX_TOP_P_ROWS:
+            picks = self.top_p(x[nucleus], [reqs[i] for i in nucleus])
+            for i, t in zip(nucleus, picks, strict=True):
+                out[i] = t
+        self.stats.rows += len(nucleus)
+        self.stats.fallbacks += sum(out[i] is None for i in nucleus)
+        rest = sorted(set(range(len(reqs))) - set(nucleus))
+        if rest:
+            for i, t in zip(rest, self(x[rest], [reqs[i] for i in rest], sampler), strict=True):
+                out[i] = t
         return out
 
     def _exact(self, x: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
