@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from headrace.engine.outputs import LogitsInputs, ScheduledRequest
-from headrace.engine.runner import screened_sampler, screened_top_p
+from headrace.engine.runner import screened_sampler, screened_top_p, top_p_membership
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.screened_sampler import ScreenedSampler, screened_row
 from headrace.kernels.int8_head import Int8GreedyHead, supported
@@ -181,12 +181,15 @@ TOP_P_CASES = [
 
 @pytest.mark.parametrize(("scale", "t", "top_p"), TOP_P_CASES)
 def test_top_p_alone_draws_from_the_nucleus_of_exact_logits(
-    scale: float, t: float, top_p: float
+    monkeypatch: pytest.MonkeyPatch, scale: float, t: float, top_p: float
 ) -> None:
     """screened_top_p.py: a draw from the whole softmax kept only inside the set (drawing
     without the membership check puts tokens outside it, expected 0 times: an infinite
-    statistic)."""
-    _check_top_p(scale, t, top_p)
+    statistic). A head of 100 of the 1,000 tokens: draws from the tail, edges past the head."""
+    monkeypatch.setattr(screened_top_p, "RESCORE_FIRST", 100)
+    monkeypatch.setattr(screened_top_p, "ROUTE_MIN_MASS", 0.0)
+    stats = _check_top_p(scale, t, top_p)
+    assert stats.checks > stats.slow  # the head decided some
 
 
 @pytest.mark.parametrize("how", ["rescore one at a time", "only the exact rule"])
@@ -197,8 +200,9 @@ def test_top_p_decided_by_rescoring(monkeypatch: pytest.MonkeyPatch, how: str) -
         monkeypatch.setattr(screened_top_p, "ROUTE_MIN_MASS", 0.0)
     else:  # bounds never decide: every check rescores the whole row
         monkeypatch.setattr(screened_top_p, "MARGIN", 10.0)
+        monkeypatch.setattr(top_p_membership, "MARGIN", 10.0)
     stats = _check_top_p(0.4, 1.0, 0.95, draws=4000)
-    assert stats.rescored > 0
+    assert stats.slow > 0
 
 
 def _check_top_p(

@@ -5,21 +5,22 @@ A token v is in a row's top_p set S iff the mass of the tokens likelier than it,
 below (p - 1e-6) Z: the reference's rule (runner/top_p.py), the likeliest token always in.
 S's edge cannot be fixed from the bounds (on Gemma 3 they are ~2.5 wide across the vocabulary:
 the tail's mass is known only to a factor of ~12), but one token's membership mostly can be
-once the likeliest tokens are exact. So: the RESCORE_FIRST tokens of largest ub are rescored
-exactly; a row where they hold less than ROUTE_MIN_MASS of exp(ub / T) is flat and goes to the
-full head (decided from the row alone, so either path draws the row's own distribution). Then
-v is drawn from softmax(l / T) over the whole row (proposals from exp(ub / T), accepted with
-probability exp((l_v - ub_v) / T), as screened_sampler.py), l_v is computed exactly, and
-A(v) and B(v) = Z - A(v) are bounded with every token's bounds: a token whose lb is above l_v
-counts in A, one whose ub is at or below it in B, one straddling l_v in either. Surely in S:
-v is the draw. Surely out: the next accepted proposal. Undecided: the least certain tokens
-are rescored (8 x RESCORE_FIRST, then the whole row) until it is decided. A draw from
-softmax(l / T) kept only when in S is a draw from the softmax restricted to S: the top_p
-distribution of the fp32 logits, exactly, up to fp32 rounding (the reference path draws from
-the same with the logits rounded to bf16).
+once the likeliest tokens are exact. So:
 
-Its cost is a few passes over [rows x V] in torch, which pays only while the head's bandwidth
-dominates a step: MAX_ROWS rows at most (bench/sampled_head.py --top-p).
+1. The head: the RESCORE_FIRST tokens of largest ub, rescored exactly. A row where they hold
+   less than ROUTE_MIN_MASS of exp(ub / T) is flat and goes to the full head (decided from the
+   row alone, so either way the row's own distribution is drawn from).
+2. v is drawn from softmax(l / T) by rejection from a proposal that is exact on the head and
+   exp(ub / T) on the tail: a head token is always accepted, a tail token with probability
+   exp((l_v - ub_v) / T) <= 1.
+3. Where l_v is at least every tail token's ub, A(v) is an exact sum over the head and B(v) =
+   Z - A(v) is the head's rest plus the tail's mass, bounded by its lb and ub sums: that mostly
+   decides. Otherwise top_p_membership.py decides from every token's bounds, rescoring more.
+   Surely in S: v is the draw. Out: the next accepted proposal.
+
+A draw from softmax(l / T) kept only when in S is a draw from the softmax restricted to S: the
+top_p distribution of the fp32 logits, exactly, up to fp32 rounding (the reference path draws
+from the same with the logits rounded to bf16).
 
 Shapes: x [R, H] fp32 (the envelope's padded rows) -> R token ids or None (the full head's).
 """
@@ -32,61 +33,49 @@ from dataclasses import dataclass
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.runner.top_p_membership import MARGIN, RULE, Rescorer, RowBounds, inside
 from headrace.kernels.int8_envelope import Int8Envelope
 
-# A step with more top_p rows takes the full head and the C top_p scan for them.
-# bench/sampled_head.py --top-p 0.95, T 1, 2-core EPYC without AMX: 1.68x the full head and
-# the sampler at 1 row, 1.07x at 2, 0.67x at 4 (more rows, more passes over [V] in torch)
+# A step with more top_p rows takes the full head and the C top_p scan for them
+# (bench/sampled_head.py --top-p: per-row passes over [V] in torch, they do not pay past it).
 MAX_ROWS = 2
-# A row whose RESCORE_FIRST likeliest tokens (by ub) hold less of exp(ub / T) is flat (random-
-# token prompts at T 1: 0.3-0.9; plain words 0.98-1.0 on Gemma 3): the full head draws it, and
-# the request's next REPROBE tokens without the envelope's pass
+# A row whose head holds less of exp(ub / T) is flat (random-token prompts at T 1: 0.3-0.9;
+# plain words 0.98-1.0 on Gemma 3): the full head draws it, and the request's next REPROBE
+# tokens without the envelope's pass.
 ROUTE_MIN_MASS = 0.97
 REPROBE = 8
+RESCORE_FIRST = 2048
 PROPOSALS = 16  # per round, drawn together
 ROUNDS = 8
-RESCORE_FIRST = 2048
-MARGIN = 1e-5  # relative, on the bounded sums: float32 exp and rounding, well past 1e-7
-RULE = 1e-6  # the reference's "reaches p": to 1e-6 of the mass
 
 
 @dataclass
 class TopPStats:
     rows: int = 0
     checks: int = 0  # memberships decided
+    slow: int = 0  # ... of them by top_p_membership.py
     outside: int = 0  # drawn tokens found outside the set (drawn again)
     routed: int = 0  # flat rows sent to the full head
-    rescored: int = 0  # tokens rescored to decide a membership
+    rescored: int = 0  # tokens rescored
     violations: int = 0  # an exact logit outside its bounds (must stay 0)
 
 
 @dataclass
-class _Bounds:
-    """One row's per-token bounds over T, relative to the row's largest ub: u >= l / T >= w,
-    eu = exp(u - top), ew = exp(w - top). Rescored tokens get u = w = their exact l / T."""
-
-    proposal: torch.Tensor  # [V] float32 ub / T as the envelope gave it
-    u: torch.Tensor  # [V]
-    w: torch.Tensor  # [V]
-    mass: torch.Tensor  # [2, V] eu, ew
-    top: float
-    known: torch.Tensor  # [V] bool: rescored
-    total: tuple[float, float] = (0.0, 0.0)  # sums of eu and ew (float64)
-
-    def __post_init__(self) -> None:
-        self.sum_up()
-
-    @property
-    def eu(self) -> torch.Tensor:
-        return self.mass[0]
-
-    @property
-    def ew(self) -> torch.Tensor:
-        return self.mass[1]
-
-    def sum_up(self) -> None:
-        t = self.mass.sum(dim=1, dtype=torch.float64).tolist()
-        self.total = (t[0], t[1])
+class _Row:
+    x: torch.Tensor  # [H] fp32
+    u: torch.Tensor  # [V] float32 ub / T, w lb / T
+    w: torch.Tensor
+    inv_t: float
+    top: float  # max u
+    head: torch.Tensor  # [K] token ids
+    lam: torch.Tensor  # [K] float32 their exact l / T
+    head_mass: torch.Tensor  # [K] float64 exp(lam - top)
+    tail_eu: torch.Tensor  # [V] float32 exp(u - top), 0 on the head
+    tail_hi: float  # the tail's mass: at most this, at least tail_lo
+    tail_lo: float
+    tail_top: float  # no tail token's ub / T is above it
+    tail_cdf: torch.Tensor | None = None
+    bounds: RowBounds | None = None
 
 
 class ScreenedTopP:
@@ -113,99 +102,105 @@ class ScreenedTopP:
         assert ub is not None and lb is not None
         for n, j in enumerate(probe):
             r = reqs[j]
-            bounds = self._bounds(x[n], ub[n] * inv_t[n], lb[n] * inv_t[n], float(inv_t[n]))
-            if bounds is None:  # flat: the full head's, for REPROBE tokens
+            row = self._row(x[n], ub[n] * inv_t[n], lb[n] * inv_t[n], float(inv_t[n]))
+            if row is None:  # flat: the full head's, for REPROBE tokens
                 self._flat[r.request_id] = _at(r) + REPROBE
                 self.stats.routed += 1
                 continue
-            out[j] = self._draw(x[n], bounds, float(inv_t[n]), r.params.top_p)
+            out[j] = self._draw(row, r.params.top_p)
         return out
-
-    def _bounds(
-        self, x: torch.Tensor, u: torch.Tensor, w: torch.Tensor, inv_t: float
-    ) -> _Bounds | None:
-        """The row's bounds with its RESCORE_FIRST likeliest tokens (by ub) exact, or None
-        where those hold less than ROUTE_MIN_MASS of exp(ub / T): a flat row, whose
-        memberships would need most of the row rescored."""
-        top = float(u.max())
-        mass = torch.exp(torch.stack([u, w]) - top)  # [2, V]
-        first = mass[0].topk(min(RESCORE_FIRST, len(u)))
-        if float(first.values.sum()) < ROUTE_MIN_MASS * float(mass[0].sum()):
-            return None
-        known = torch.zeros(len(u), dtype=torch.bool)
-        b = _Bounds(u, u.clone(), w, mass, top, known)
-        self._rescore(x, b, first.indices, inv_t)
-        return b
 
     def _dots(self, x: torch.Tensor, tokens: torch.Tensor | None) -> torch.Tensor:
         """[n] fp32 logits x . w_t (x [H] fp32) of the tokens, or of the whole vocabulary."""
+        self.stats.rescored += len(self.weight) if tokens is None else len(tokens)
         if tokens is not None:
             return self.weight[tokens].float() @ x
         v, step = len(self.weight), 16384
         return torch.cat([self.weight[at : at + step].float() @ x for at in range(0, v, step)])
 
-    def _draw(self, x: torch.Tensor, bounds: _Bounds, inv_t: float, p: float) -> int | None:
-        """A draw from softmax(l / T) over the proposal exp(u), kept when inside the set."""
-        u = bounds.proposal
-        cdf = torch.exp(u - bounds.top).double().cumsum(0)  # float64: exp(u) to 1e-16
+    def _row(self, x: torch.Tensor, u: torch.Tensor, w: torch.Tensor, inv_t: float) -> _Row | None:
+        """The row with its head exact, or None where the head holds too little of exp(u)."""
+        top = float(u.max())
+        eu = torch.exp(u - top)
+        ub_head, head = u.topk(min(RESCORE_FIRST, len(u)))
+        total = float(eu.sum(dtype=torch.float64))
+        if float(eu[head].sum(dtype=torch.float64)) < ROUTE_MIN_MASS * total:
+            return None
+        lam = self._dots(x, head) * inv_t
+        self.stats.violations += int((lam > ub_head).sum())
+        tail_eu = eu.index_fill_(0, head, 0.0)
+        ew = torch.exp(w - top).index_fill_(0, head, 0.0)
+        tail_top = float(ub_head[-1])
+        return _Row(
+            x, u, w, inv_t, top, head, lam, torch.exp(lam.double() - top), tail_eu,
+            float(tail_eu.sum(dtype=torch.float64)), float(ew.sum(dtype=torch.float64)), tail_top,
+        )  # fmt: skip
+
+    def _draw(self, row: _Row, p: float) -> int | None:
+        """A draw from softmax(l / T), kept when inside the set (None: no proposal accepted in
+        ROUNDS x PROPOSALS, or a bound broken: the full head's)."""
+        cdf = row.head_mass.cumsum(0)
+        z_head = float(cdf[-1])
         known_in, known_out = float("inf"), float("-inf")  # S is {l >= some edge}
         for _ in range(ROUNDS):
-            r = torch.rand(PROPOSALS, dtype=torch.float64, generator=self.gen) * cdf[-1]
-            tokens = torch.searchsorted(cdf, r, right=True).clamp_(max=len(u) - 1)
-            lam = self._dots(x, tokens) * inv_t  # [P] exact l / T
-            upper = u[tokens]
-            if bool((lam > upper).any()):
-                self.stats.violations += 1
-                return None  # a capped acceptance would be biased: the full head's
-            accept = torch.rand(PROPOSALS, generator=self.gen) < torch.exp(lam - upper)
+            r = torch.rand(PROPOSALS, dtype=torch.float64, generator=self.gen)
+            r *= z_head + row.tail_hi
+            on_head = r < z_head
+            at = torch.searchsorted(cdf, r.clamp(max=z_head), right=True).clamp_(max=len(cdf) - 1)
+            tokens, lam = row.head[at], row.lam[at]
+            accept = torch.ones(PROPOSALS, dtype=torch.bool)
+            if not bool(on_head.all()):
+                tail = (~on_head).nonzero().flatten()
+                t, exact, ok = self._from_tail(row, r[tail] - z_head)
+                if ok is None:
+                    return None
+                tokens[tail], lam[tail], accept[tail] = t, exact, ok
             for t, lv in zip(tokens[accept].tolist(), lam[accept].tolist(), strict=True):
-                if lv >= known_in or (lv > known_out and self._inside(x, bounds, lv, inv_t, p)):
-                    known_in = min(known_in, lv)
+                if lv >= known_in or (lv > known_out and self._inside(row, lv, p)):
                     return int(t)
                 known_out = max(known_out, lv)
                 self.stats.outside += 1
         return None
 
-    def _inside(self, x: torch.Tensor, b: _Bounds, lam: float, inv_t: float, p: float) -> bool:
+    def _from_tail(
+        self, row: _Row, r: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Tail proposals at r (in [0, tail_hi)): their tokens, exact l / T, and acceptance
+        (None: a bound broken)."""
+        if row.tail_cdf is None:
+            row.tail_cdf = row.tail_eu.double().cumsum(0)
+        tokens = torch.searchsorted(row.tail_cdf, r, right=True).clamp_(max=len(row.u) - 1)
+        exact = self._dots(row.x, tokens) * row.inv_t
+        upper = row.u[tokens]
+        if bool((exact > upper).any()):
+            self.stats.violations += 1
+            return tokens, exact, None  # a capped acceptance would be biased
+        ok = torch.rand(len(r), generator=self.gen) < torch.exp(exact - upper)
+        return tokens, exact, ok
+
+    def _inside(self, row: _Row, lam: float, p: float) -> bool:
         """Whether a token of exact l / T = lam is in the row's top_p set."""
         self.stats.checks += 1
-        goal, k = p - RULE, RESCORE_FIRST * 8
-        while True:
-            above = torch.stack([b.u > lam, b.w > lam])  # [2, V] may be / surely likelier
-            if bool(b.known.all()):  # every logit exact: the rule itself, in float64
-                a = float(b.eu.double() @ above[0].double())
-                return a < goal * float(b.eu.sum(dtype=torch.float64))
-            # [[eu, ew] . [may, surely]]: the four masked sums in one float32 product
-            (a_may, a_sure), (w_may, w_sure) = (b.mass @ above.T.float()).tolist()
-            a_hi, a_lo = a_may * (1 + MARGIN), w_sure * (1 - MARGIN)
-            b_hi = (b.total[0] - a_sure) * (1 + MARGIN)  # eu of the tokens not surely above
-            b_lo = (b.total[1] - w_may) * (1 - MARGIN)  # ew of the tokens surely not above
-            if a_hi < goal * (a_hi + b_lo):
+        goal = p - RULE
+        if lam >= row.tail_top:  # no tail token likelier: A is exact
+            a = float(row.head_mass[row.lam > lam].sum())
+            rest = float(row.head_mass.sum()) - a
+            a_hi, a_lo = a * (1 + MARGIN), a * (1 - MARGIN)
+            if a_hi < goal * (a_hi + (rest + row.tail_lo) * (1 - MARGIN)):
                 return True
-            if a_lo >= goal * (a_lo + b_hi):
+            if a_lo >= goal * (a_lo + (rest + row.tail_hi) * (1 + MARGIN)):
                 return False
-            if k < len(b.u) // 8:
-                unsure = torch.where(above[0] & ~above[1], b.eu, b.eu - b.ew)
-                self._rescore(x, b, unsure.masked_fill_(b.known, -1.0).topk(k).indices, inv_t)
-            else:
-                self._rescore(x, b, None, inv_t)
-            k *= 8
+        self.stats.slow += 1
+        if row.bounds is None:
+            row.bounds = RowBounds.of(row.u, row.w, row.top)
+            row.bounds.set_exact(row.head, row.lam)
+        before = row.bounds.violations
+        verdict = inside(row.bounds, lam, p, self._rescorer(row), 8 * RESCORE_FIRST)
+        self.stats.violations += row.bounds.violations - before
+        return verdict
 
-    def _rescore(
-        self, x: torch.Tensor, b: _Bounds, tokens: torch.Tensor | None, inv_t: float
-    ) -> None:
-        """The tokens' l / T made exact in b (None: the whole row)."""
-        exact = self._dots(x, tokens) * inv_t
-        if tokens is None:
-            tokens = torch.arange(len(b.u))
-        if bool(((exact > b.u[tokens]) | (exact < b.w[tokens])).any()):
-            self.stats.violations += 1  # counted; the sums below use the exact values
-        b.u[tokens] = exact
-        b.w[tokens] = exact
-        b.mass[:, tokens] = torch.exp(exact - b.top)
-        b.known[tokens] = True
-        b.sum_up()
-        self.stats.rescored += len(tokens)
+    def _rescorer(self, row: _Row) -> Rescorer:
+        return lambda tokens: self._dots(row.x, tokens) * row.inv_t
 
 
 def _at(r: ScheduledRequest) -> int:
