@@ -6,23 +6,24 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from headrace.api.admit import admit
 from headrace.api.chat_tools import ChatTools
 from headrace.api.choices import Choices
 from headrace.api.logprobs import chat_logprobs
 from headrace.api.prompts import encode_chat
+from headrace.api.respond import Json, respond
 from headrace.api.schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     error_responses,
     streaming_response,
 )
-from headrace.api.serving import run_to_end, start_stream, stream_run
-from headrace.api.sse import SSEResponse, encode_event
+from headrace.api.sse import encode_event
 from headrace.api.state import app_state
 from headrace.engine.frontend.client import EngineClient, GenerationChunk
+from headrace.engine.frontend.tokenizer import Tokenizer
 
 router = APIRouter()
 
@@ -48,56 +49,59 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         state, request, body, encode, max_tokens=max_tokens, logprobs=logprobs,
         id_prefix="chatcmpl", n=body.n, grammar=tools.grammar,
     )  # fmt: skip
-    run = Choices(state, job, body.n)
-    tok = job.engine.tokenizer
     head = {"id": job.request_id, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": job.model}  # fmt: skip
-    if body.stream:
-        first = await start_stream(state, request, run)
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        extra: dict[str, Any] = {"usage": None} if include_usage else {}
+    chat = _Chat(head, job.engine.tokenizer, logprobs, tools, body.n)
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    run = Choices(state, job, body.n)
+    return await respond(state, request, run, chat, stream=body.stream, include_usage=include_usage)
 
-        def choice(index: int, delta: dict[str, Any], reason: str | None, lp: Any = None) -> bytes:
-            c = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason}
-            return encode_event({**head, "choices": [c], **extra})
 
-        def event(chunk: GenerationChunk) -> bytes | None:
-            if not (chunk.text or chunk.finished or chunk.logprobs):
-                return None
-            lp = chat_logprobs(tok, chunk.logprobs) if logprobs is not None else None
-            deltas = tools.deltas(chunk.index, chunk.text, chunk.finished)
-            reason = None  # after the deltas: the last call may complete in this chunk
-            if chunk.finished:
-                reason = tools.reason(chunk.index, str(chunk.finish_reason))
-            if not (deltas or reason or lp):
-                return None  # held back (a call's head, a marker's beginning)
-            deltas = deltas or [{}]
-            if reason is not None and tools.active and deltas[-1]:
-                deltas.append({})  # the finish reason on an event of its own, as OpenAI's
-            last = len(deltas) - 1
-            return b"".join(
-                choice(chunk.index, d, reason if k == last else None, lp if k == 0 else None)
-                for k, d in enumerate(deltas)
-            )
+class _Chat:
+    """/v1/chat/completions' flavour: an assistant message per choice, streamed as deltas,
+    with tool calls where the request has tools (chat_tools.py)."""
 
-        def end() -> list[bytes]:
-            if not include_usage:
-                return []
-            return [encode_event({**head, "choices": [], "usage": run.usage()})]
+    whole_object = "chat.completion"
 
+    def __init__(
+        self, head: Json, tok: Tokenizer, logprobs: int | None, tools: ChatTools, n: int
+    ) -> None:
+        self.head, self.tok, self.logprobs, self.tools, self.n = head, tok, logprobs, tools, n
+
+    def _event(self, index: int, delta: Json, reason: str | None, lp: Any, extra: Json) -> bytes:
+        c = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason}
+        return encode_event({**self.head, "choices": [c], **extra})
+
+    def prelude(self, extra: Json) -> list[bytes]:
         # With tools, no empty content: an answer of calls alone has `content: null`.
-        opening = {"role": "assistant"} if tools.active else {"role": "assistant", "content": ""}
-        prelude = [choice(i, opening, None) for i in range(body.n)]
-        events = stream_run(run, first, event, end, prelude)
-        return SSEResponse(events, job.admission.headers, on_shutdown=state.shutdown.wait)
-    chunks = await run_to_end(state, request, run)
-    choices = []
-    for i in range(body.n):
-        mine = [c for c in chunks if c.index == i]
+        active = self.tools.active
+        opening = {"role": "assistant"} if active else {"role": "assistant", "content": ""}
+        return [self._event(i, opening, None, None, extra) for i in range(self.n)]
+
+    def event(self, chunk: GenerationChunk, extra: Json) -> bytes | None:
+        if not (chunk.text or chunk.finished or chunk.logprobs):
+            return None
+        lp = chat_logprobs(self.tok, chunk.logprobs) if self.logprobs is not None else None
+        deltas = self.tools.deltas(chunk.index, chunk.text, chunk.finished)
+        reason = None  # after the deltas: the last call may complete in this chunk
+        if chunk.finished:
+            reason = self.tools.reason(chunk.index, str(chunk.finish_reason))
+        if not (deltas or reason or lp):
+            return None  # held back (a call's head, a marker's beginning)
+        deltas = deltas or [{}]
+        if reason is not None and self.tools.active and deltas[-1]:
+            deltas.append({})  # the finish reason on an event of its own, as OpenAI's
+        last = len(deltas) - 1
+        return b"".join(
+            self._event(
+                chunk.index, d, reason if k == last else None, lp if k == 0 else None, extra
+            )
+            for k, d in enumerate(deltas)
+        )
+
+    def choice(self, index: int, chunks: list[GenerationChunk], reason: str) -> Json:
         lp = None
-        if logprobs is not None:
-            lp = chat_logprobs(tok, [x for c in mine for x in c.logprobs])
-        message, reason = tools.message("".join(c.text for c in mine), run.reason(i))
-        choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": reason})
-    answer = {**head, "object": "chat.completion", "choices": choices, "usage": run.usage()}
-    return JSONResponse(answer, headers=job.admission.headers)
+        if self.logprobs is not None:
+            lp = chat_logprobs(self.tok, [x for c in chunks for x in c.logprobs])
+        message, reason = self.tools.message("".join(c.text for c in chunks), reason)
+        return {"index": index, "message": message, "logprobs": lp, "finish_reason": reason}

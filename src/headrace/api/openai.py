@@ -6,12 +6,13 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from headrace.api.admit import admit
 from headrace.api.choices import Choices
 from headrace.api.logprobs import completion_logprobs
 from headrace.api.prompts import check_token_ids, encode_text
+from headrace.api.respond import Json, respond
 from headrace.api.schemas import (
     CompletionRequest,
     CompletionResponse,
@@ -19,10 +20,10 @@ from headrace.api.schemas import (
     error_responses,
     streaming_response,
 )
-from headrace.api.serving import run_to_end, start_stream, stream_run
-from headrace.api.sse import SSEResponse, encode_event
+from headrace.api.sse import encode_event
 from headrace.api.state import app_state
 from headrace.engine.frontend.client import EngineClient, GenerationChunk
+from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.gateway.access import Scope
 
 router = APIRouter()
@@ -78,46 +79,42 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         state, request, body, encode, max_tokens=body.max_tokens, logprobs=body.logprobs,
         id_prefix="cmpl", n=body.n,
     )  # fmt: skip
-    run = Choices(state, job, body.n)
-    tok = job.engine.tokenizer
     head = {"id": job.request_id, "object": "text_completion", "created": int(time.time()),
             "model": job.model}  # fmt: skip
-    if body.stream:
-        first = await start_stream(state, request, run)
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        offsets = [0] * body.n  # text offset of each choice, for its logprobs
+    text = _Text(head, job.engine.tokenizer, body.logprobs, body.n)
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    run = Choices(state, job, body.n)
+    return await respond(state, request, run, text, stream=body.stream, include_usage=include_usage)
 
-        def event(chunk: GenerationChunk) -> bytes | None:
-            if not (chunk.text or chunk.finished or chunk.logprobs):
-                return None
-            lp = None
-            if body.logprobs is not None:
-                lp = completion_logprobs(tok, chunk.logprobs, offsets[chunk.index])
-                offsets[chunk.index] += sum(len(t) for t in lp["tokens"])
-            reason = str(chunk.finish_reason) if chunk.finished else None
-            choice = {
-                "index": chunk.index, "text": chunk.text, "logprobs": lp, "finish_reason": reason,
-            }  # fmt: skip
-            extra = {"usage": None} if include_usage else {}
-            return encode_event({**head, "choices": [choice], **extra})
 
-        def end() -> list[bytes]:
-            if not include_usage:
-                return []
-            return [encode_event({**head, "choices": [], "usage": run.usage()})]
+class _Text:
+    """/v1/completions' flavour: text choices, logprobs with their text offsets."""
 
-        events = stream_run(run, first, event, end)
-        return SSEResponse(events, job.admission.headers, on_shutdown=state.shutdown.wait)
-    chunks = await run_to_end(state, request, run)
-    choices = []
-    for i in range(body.n):
-        mine = [c for c in chunks if c.index == i]
+    whole_object = "text_completion"
+
+    def __init__(self, head: Json, tok: Tokenizer, logprobs: int | None, n: int) -> None:
+        self.head, self.tok, self.logprobs = head, tok, logprobs
+        self.offsets = [0] * n  # text offset of each choice, for its logprobs
+
+    def prelude(self, extra: Json) -> list[bytes]:
+        return []
+
+    def event(self, chunk: GenerationChunk, extra: Json) -> bytes | None:
+        if not (chunk.text or chunk.finished or chunk.logprobs):
+            return None
+        lp = None
+        if self.logprobs is not None:
+            lp = completion_logprobs(self.tok, chunk.logprobs, self.offsets[chunk.index])
+            self.offsets[chunk.index] += sum(len(t) for t in lp["tokens"])
+        reason = str(chunk.finish_reason) if chunk.finished else None
+        choice = {
+            "index": chunk.index, "text": chunk.text, "logprobs": lp, "finish_reason": reason,
+        }  # fmt: skip
+        return encode_event({**self.head, "choices": [choice], **extra})
+
+    def choice(self, index: int, chunks: list[GenerationChunk], reason: str) -> Json:
         logprobs = None
-        if body.logprobs is not None:
-            logprobs = completion_logprobs(tok, [lp for c in mine for lp in c.logprobs])
-        choices.append({
-            "index": i, "text": "".join(c.text for c in mine), "logprobs": logprobs,
-            "finish_reason": run.reason(i),
-        })  # fmt: skip
-    answer = {**head, "choices": choices, "usage": run.usage()}
-    return JSONResponse(answer, headers=job.admission.headers)
+        if self.logprobs is not None:
+            logprobs = completion_logprobs(self.tok, [lp for c in chunks for lp in c.logprobs])
+        text = "".join(c.text for c in chunks)
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}

@@ -31,7 +31,6 @@ from headrace.engine.messages import (
     CoreFailed,
     CoreOutputs,
     CoreReady,
-    EngineCoreRequest,
     FromCore,
     LoraDone,
     RequestOutput,
@@ -199,20 +198,7 @@ class AsyncEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         stream = self._streams.new(RequestTextStream(request_id, self.tokenizer, ids, params))
         opts = options or GenerateOptions()
-        core_request = EngineCoreRequest(
-            request_id=stream.core_id,
-            prompt_token_ids=ids,
-            params=params,
-            priority=opts.priority,
-            tenant=opts.tenant,
-            weight=opts.weight,
-            timeout_s=opts.timeout_s,
-            queue_timeout_s=opts.queue_timeout_s,
-            arrival_time=opts.arrival_time,
-            cache_salt=opts.cache_salt,
-            eos_token_ids=self.tokenizer.eos_token_ids,
-            lora_name=opts.lora,
-        )
+        core_request = opts.core_request(stream.core_id, ids, params, self.tokenizer.eos_token_ids)
         core_request.validate()  # a bad option is the caller's error here, not the core's
         if self.failure is not None:
             yield stream.text.fail(self.failure)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from headrace.engine.frontend.tokenizer import Tokenizer
-from headrace.engine.messages import StepStats, TokenLogprobs
+from headrace.engine.messages import EngineCoreRequest, StepStats, TokenLogprobs
 from headrace.request import FinishReason, SamplingParams
 
 
@@ -81,6 +81,25 @@ class GenerateOptions:
             raise ValueError(
                 f"arrival_time must be a finite number or None, got {self.arrival_time!r}"
             )
+
+    def core_request(
+        self, core_id: str, ids: list[int], params: SamplingParams, eos: tuple[int, ...]
+    ) -> EngineCoreRequest:
+        """The core's message for a request with these options."""
+        return EngineCoreRequest(
+            request_id=core_id,
+            prompt_token_ids=ids,
+            params=params,
+            priority=self.priority,
+            tenant=self.tenant,
+            weight=self.weight,
+            timeout_s=self.timeout_s,
+            queue_timeout_s=self.queue_timeout_s,
+            arrival_time=self.arrival_time,
+            cache_salt=self.cache_salt,
+            eos_token_ids=eos,
+            lora_name=self.lora,
+        )
 
 
 def _finite(value: object) -> bool:
