@@ -13,6 +13,8 @@ softmax(l / T) over the fp32 logits (the reference path rounds the logits to bf1
  - top_k (up to MAX_TOP_K): the tokens whose ub reaches the k-th largest group max lb include
    every token of the top k (ties too); all are rescored exactly and the reference sampler's
    own steps (min_p, top_k, top_p, softmax, its uniform) run on those few logits.
+ - top_p without top_k or min_p, in a step with at most MAX_TOP_P_ROWS of them:
+   screened_top_p.py (a draw from the whole softmax kept when its membership is proven).
 Rows this path does not take (see `screened_row`) and rows whose proposals all failed
 (ROUNDS x PROPOSALS of them) return None: the caller takes the full head for them.
 

@@ -36,8 +36,10 @@ from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.top_p_membership import MARGIN, RULE, Rescorer, RowBounds, inside
 from headrace.kernels.int8_envelope import Int8Envelope
 
-# A step with more top_p rows takes the full head and the C top_p scan for them
-# (bench/sampled_head.py --top-p: per-row passes over [V] in torch, they do not pay past it).
+# A step with more top_p rows takes the full head and the C top_p scan for them:
+# bench/sampled_head.py --top-p 0.95 --temperatures 1.0 (2-core EPYC without AMX, 2026-12-06)
+# put this path at 1.52x the full head and the sampler at 1 row, 1.11x at 2, 0.59x at 4 (the
+# per-row passes over [V] in torch).
 MAX_ROWS = 2
 # A row whose head holds less of exp(ub / T) is flat (random-token prompts at T 1: 0.3-0.9;
 # plain words 0.98-1.0 on Gemma 3): the full head draws it, and the request's next REPROBE
