@@ -72,6 +72,7 @@ class _Row:
     head: torch.Tensor  # [K] token ids
     lam: torch.Tensor  # [K] float32 their exact l / T
     head_mass: torch.Tensor  # [K] float64 exp(lam - top)
+    head_total: float  # their sum: the proposal's mass on the head
     tail_eu: torch.Tensor  # [V] float32 exp(u - top), 0 on the head
     tail_hi: float  # the tail's mass: at most this, at least tail_lo
     tail_lo: float
@@ -133,8 +134,9 @@ class ScreenedTopP:
         tail_eu = eu.index_fill_(0, head, 0.0)
         ew = torch.exp(w - top).index_fill_(0, head, 0.0)
         tail_top = float(ub_head[-1])
+        mass = torch.exp(lam.double() - top)
         return _Row(
-            x, u, w, inv_t, top, head, lam, torch.exp(lam.double() - top), tail_eu,
+            x, u, w, inv_t, top, head, lam, mass, float(mass.sum()), tail_eu,
             float(tail_eu.sum(dtype=torch.float64)), float(ew.sum(dtype=torch.float64)), tail_top,
         )  # fmt: skip
 
@@ -142,7 +144,7 @@ class ScreenedTopP:
         """A draw from softmax(l / T), kept when inside the set (None: no proposal accepted in
         ROUNDS x PROPOSALS, or a bound broken: the full head's)."""
         cdf = row.head_mass.cumsum(0)
-        z_head = float(cdf[-1])
+        z_head = row.head_total
         known_in, known_out = float("inf"), float("-inf")  # S is {l >= some edge}
         for _ in range(ROUNDS):
             r = torch.rand(PROPOSALS, dtype=torch.float64, generator=self.gen)
@@ -186,7 +188,7 @@ class ScreenedTopP:
         goal = p - RULE
         if lam >= row.tail_top:  # no tail token likelier: A is exact
             a = float(row.head_mass[row.lam > lam].sum())
-            rest = float(row.head_mass.sum()) - a
+            rest = row.head_total - a
             a_hi, a_lo = a * (1 + MARGIN), a * (1 - MARGIN)
             if a_hi < goal * (a_hi + (rest + row.tail_lo) * (1 - MARGIN)):
                 return True

@@ -37,11 +37,11 @@ class RowBounds:
     known: torch.Tensor  # [V] bool: rescored
     total: tuple[float, float] = (0.0, 0.0)  # sums of eu and ew (float64)
     violations: int = 0  # exact logits seen outside their bounds (must stay 0)
-    rescored: int = 0
 
     @classmethod
     def of(cls, u: torch.Tensor, w: torch.Tensor, top: float) -> RowBounds:
-        b = cls(u.clone(), w.clone(), torch.exp(torch.stack([u, w]) - top), top, u < u)
+        known = torch.zeros_like(u, dtype=torch.bool)
+        b = cls(u.clone(), w.clone(), torch.exp(torch.stack([u, w]) - top), top, known)
         b.sum_up()
         return b
 
@@ -65,7 +65,6 @@ class RowBounds:
         self.mass[:, tokens] = torch.exp(exact - self.top)
         self.known[tokens] = True
         self.sum_up()
-        self.rescored += len(tokens)
 
 
 def inside(b: RowBounds, lam: float, p: float, rescore: Rescorer, first: int) -> bool:
