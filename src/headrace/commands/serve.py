@@ -10,27 +10,17 @@ tenants file (`gateway/reload.py`); it never stops the server.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import gc
 import logging
 import os
-import signal
 import sys
-import threading
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
-import uvicorn
-
-from headrace.api.app import build_app, front_door
-from headrace.api.audit import audit_reload
-from headrace.api.http_parsers import uvicorn_options
-from headrace.api.http_protocol import FrontDoorLimits, fit_fd_limit
+from headrace.api.app import build_app
+from headrace.api.http_protocol import fit_fd_limit
 from headrace.api.state import AppState
+from headrace.commands.serve_load import DeploymentLoader
+from headrace.commands.serve_server import Server, uvicorn_config
 from headrace.config import (
     AutoscaleConfig,
     BatchConfig,
@@ -45,12 +35,13 @@ from headrace.config import (
     add_config_args,
 )
 from headrace.gateway.base import Gateway, OpenGateway
-from headrace.gateway.reload import GatewayReloader, ReloadResult
+from headrace.gateway.reload import GatewayReloader
 from headrace.gateway.setup import connect_gateway, setup_gateway
 from headrace.ledger.setup import open_ledger
+from headrace.ledger.writer import Ledger
 from headrace.lora.adapter import check_name
 from headrace.metrics.tracing import otlp_tracer
-from headrace.router.deploy import ModelSpec, parse_model_specs, start_deployment
+from headrace.router.deploy import ModelSpec, parse_model_specs
 from headrace.router.metrics import RouterMetrics
 
 log = logging.getLogger("headrace.serve")
@@ -118,105 +109,58 @@ def serve(
         specs = parse_model_specs(
             [model_cfg.model], model_cfg.served_model_name, config.router.replicas, served_name
         )
-    outcome: dict[str, BaseException] = {}
-    server: _Server | None = None
-    background: list[asyncio.Task[None]] = []  # held here: the loop keeps weak references
-
-    async def load() -> Mapping[str, Any]:
-        t0 = time.monotonic()
-        for spec in specs:
-            where = spec.model or "Gemma 3 270M (embedded)"
-            log.info("Loading model %s: %s x %d ...", spec.name, where, spec.replicas)
-        assert server is not None
-        while not server.started:  # load only once the port is ours: /health answers meanwhile
-            await asyncio.sleep(0.02)
-        ticker = asyncio.create_task(_tick(", ".join(s.name for s in specs), t0))
-        try:
-            engines = await start_deployment(specs, config, replica_urls or [])
-        except BaseException as e:
-            outcome["error"] = e
-            if server is not None:
-                server.should_exit = True  # a server without a model is of no use
-            raise
-        finally:
-            ticker.cancel()
-        if config.router.ray_namespace is not None:
-            background.append(await _share_limits(state))
-        # What is loaded by now lives as long as the server: keep it out of the collector's
-        # scans. A full collection over it took 120-140 ms on the event loop, mid-burst.
-        gc.collect()
-        gc.freeze()
-        log.info(
-            "Headrace ready: model %s on http://%s:%d (loaded in %.1f s)",
-            ", ".join(engines), server_cfg.host, server.bound_port(), time.monotonic() - t0,
-        )  # fmt: skip
-        return engines
-
+    loader = DeploymentLoader(specs, config, replica_urls or [])
     try:
         ledger = open_ledger(config.ledger)
     except ValueError as e:
         log.error("%s", e)
         return 2
     app = build_app(
-        {}, gateway or OpenGateway(), server_cfg, loader=load, ledger=ledger, batch=config.batch
-    )
-    state = app.state.headrace
-    state.reloader = reloader
-    state.adapters = {lora: specs[0].name for lora in model_cfg.lora_paths}
-    connect_gateway(state.gateway, lambda: state.engines, state.metrics)
-    state.metrics.add_collector(RouterMetrics(lambda: state.engines))
-    if server_cfg.otlp_traces_endpoint is not None:
-        try:
-            state.metrics.tracer = otlp_tracer(server_cfg.otlp_traces_endpoint)
-        except ValueError as e:  # the SDK is not installed
-            log.error("%s", e)
-            return 2
-    fit_fd_limit(server_cfg.max_connections)
-    uv_config = uvicorn.Config(
-        front_door(app), host=server_cfg.host, port=server_cfg.port, workers=1, lifespan="on",
-        log_level=server_cfg.log_level, access_log=server_cfg.log_level == "debug",
-        timeout_graceful_shutdown=5, timeout_keep_alive=30, loop="uvloop",
-        **uvicorn_options(
-            FrontDoorLimits.from_config(server_cfg), server_cfg.http_parser,
-            state.metrics.send_timeouts,
-        ),
+        {}, gateway or OpenGateway(), server_cfg, loader=loader.load, ledger=ledger,
+        batch=config.batch,
     )  # fmt: skip
-    server = _Server(uv_config, app.state.headrace)
+    state = loader.state = app.state.headrace
+    if not _wire_state(state, config, specs, reloader):
+        return 2
+    fit_fd_limit(server_cfg.max_connections)
+    server = loader.server = Server(uvicorn_config(app, server_cfg, state), state)
     try:
         server.run()
     finally:
-        if ledger is not None:
-            ledger.close()  # done already when the app stopped cleanly
-        if state.metrics.tracer is not None:
-            state.metrics.tracer.close()  # the spans still batched go out
-    if "error" in outcome:
-        log.error("model failed to load: %s", outcome["error"])
+        _close_sinks(state, ledger)
+    if loader.error is not None:
+        log.error("model failed to load: %s", loader.error)
         return 1
     return 0
 
 
-async def _share_limits(state: AppState) -> asyncio.Task[None]:
-    """Front ends of one Ray namespace share each tenant's limits (gateway/shared_limits.py);
-    the leases go back when the server stops."""
-    from headrace.gateway.gateway import TenantGateway
-    from headrace.gateway.shared_limits import SharedLimits
+def _wire_state(
+    state: AppState,
+    config: HeadraceConfig,
+    specs: list[ModelSpec],
+    reloader: GatewayReloader | None,
+) -> bool:
+    """Connect the app's state to the gateway, the router's metrics and the tracer; False (and
+    a logged reason) if the tracer cannot be had."""
+    state.reloader = reloader
+    state.adapters = {lora: specs[0].name for lora in config.model.lora_paths}
+    connect_gateway(state.gateway, lambda: state.engines, state.metrics)
+    state.metrics.add_collector(RouterMetrics(lambda: state.engines))
+    endpoint = config.server.otlp_traces_endpoint
+    if endpoint is not None:
+        try:
+            state.metrics.tracer = otlp_tracer(endpoint)
+        except ValueError as e:  # the SDK is not installed
+            log.error("%s", e)
+            return False
+    return True
 
-    gateway = state.gateway
-    shared = await SharedLimits.start(gateway) if isinstance(gateway, TenantGateway) else None
 
-    async def close_on_shutdown() -> None:
-        await state.shutdown.wait()
-        if shared is not None:
-            await shared.close()
-
-    return asyncio.create_task(close_on_shutdown(), name="headrace-shared-limits-close")
-
-
-async def _tick(what: str, t0: float, every_s: float = 5.0) -> None:
-    """Progress while the weights load: a line every few seconds, so a slow start is visible."""
-    while True:
-        await asyncio.sleep(every_s)
-        log.info("... still loading %s (%.0f s)", what, time.monotonic() - t0)
+def _close_sinks(state: AppState, ledger: Ledger | None) -> None:
+    if ledger is not None:
+        ledger.close()  # done already when the app stopped cleanly
+    if state.metrics.tracer is not None:
+        state.metrics.tracer.close()  # the spans still batched go out
 
 
 def check_lora_names(adapters: Mapping[str, str], models: list[str]) -> None:
@@ -235,57 +179,6 @@ def served_name(model: str | None) -> str:
         return "gemma-3-270m"
     path = Path(model)
     return path.stem if path.suffix == ".gguf" else path.name
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, telling the app about a stop signal before it drains connections, so
-    that streams in flight end with an error event instead of holding the shutdown up; and
-    reloading the tenants file on SIGHUP (whose default action would end the process)."""
-
-    def __init__(self, config: uvicorn.Config, state: AppState) -> None:
-        super().__init__(config)
-        self.app_state = state
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            with super().capture_signals():  # signals reach the main thread only
-                yield
-            return
-        loop = asyncio.get_running_loop()  # uvicorn enters this from its `serve` coroutine
-        loop.add_signal_handler(signal.SIGHUP, self.handle_hangup)
-        try:
-            with super().capture_signals():
-                yield
-        finally:
-            loop.remove_signal_handler(signal.SIGHUP)
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # not the default (exit) while closing
-
-    def handle_hangup(self) -> None:
-        """Runs on the event loop, between requests: the gateway swaps its tenants at once."""
-        reloader = self.app_state.reloader
-        if reloader is None:
-            log.warning("SIGHUP: nothing to reload (no gateway settings were given)")
-            audit_reload(self.app_state, None, "SIGHUP", ReloadResult(409, "nothing to reload"))
-            return
-        result = reloader.reload()  # logs what it did, or why it refused
-        audit_reload(self.app_state, None, "SIGHUP", result)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        try:
-            asyncio.get_running_loop().call_soon_threadsafe(self.app_state.shutdown.set)
-        except RuntimeError:  # no loop running yet
-            self.app_state.shutdown.set()
-        super().handle_exit(sig, frame)
-        # uvicorn re-raises the signal after its graceful stop (exit status -15); we stopped
-        # cleanly on purpose, so exit 0 instead
-        self._captured_signals.clear()
-
-    def bound_port(self) -> int:
-        for server in getattr(self, "servers", []):
-            for sock in server.sockets:
-                return int(sock.getsockname()[1])
-        return int(self.config.port)
 
 
 def _setup_logging(level: str) -> None:
