@@ -79,6 +79,10 @@ def threads_per_replica(num_replicas: int, cores: int | None = None) -> int:
     return max(1, cores // max(num_replicas, 1))
 
 
+# model, replica name, pool, starter
+_Plan = tuple[str, str, str, Starter]
+
+
 async def start_deployment(
     specs: Sequence[ModelSpec], config: HeadraceConfig, replica_urls: Sequence[str] = ()
 ) -> dict[str, Router]:
@@ -86,31 +90,66 @@ async def start_deployment(
 
     A replica that fails to start fails the whole deployment: what started is closed again.
     """
-    model_cfg, cache_cfg, sched_cfg = config.model, config.cache, config.scheduler
-    router_cfg = config.router
-    long_n = router_cfg.long_replicas
     bounds = config.autoscale.bounds
     if bounds is not None:  # start MIN; MAX sets the threads each one gets
         specs = [dataclasses.replace(s, replicas=bounds[0]) if s.replicas else s for s in specs]
+    threads, cache_cfg = await _placement(specs, config)
+    changes = {spec.name: LoraChanges() for spec in specs}  # the routers' lora_changes
+    plans, starters = _plan(specs, config, threads, cache_cfg, changes)
+    started = await _gather([p[3]() for p in plans])
+    replicas: dict[str, list[Replica]] = {s.name: [] for s in specs}
+    for (model, name, pool, starter), engine in zip(plans, started, strict=True):
+        replicas[model].append(Replica(name, engine, pool=pool, starter=starter))
+    try:
+        await _add_remotes(replicas, replica_urls, config.router)
+        _drop_empty(replicas, specs)
+    except BaseException:
+        await _close_all([r.engine for reps in replicas.values() for r in reps])
+        raise
+    routers = {model: Router(model, reps, config.router) for model, reps in replicas.items()}
+    for model, router in routers.items():
+        router.lora_changes = changes.get(model, router.lora_changes)
+        if bounds is not None and model in starters and any(r.starter for r in router.replicas):
+            _autoscale(router, starters[model], config.autoscale)
+        router.start()
+    return routers
+
+
+async def _placement(specs: Sequence[ModelSpec], config: HeadraceConfig) -> tuple[int, CacheConfig]:
+    """The torch threads each replica gets and the cache settings they share (connecting to
+    Ray first where it runs them)."""
+    router_cfg, cache_cfg, bounds = config.router, config.cache, config.autoscale.bounds
+    long_n = router_cfg.long_replicas
     sized = [
         dataclasses.replace(s, replicas=bounds[1]) if bounds and s.replicas else s for s in specs
     ]
     total = sum(s.replicas + (long_n if s.replicas else 0) for s in sized)
-    threads = model_cfg.num_threads or threads_per_replica(total)
+    threads = config.model.num_threads or threads_per_replica(total)
     if router_cfg.ray_address is not None:  # CPUs each actor declares: 1 unless said
         from headrace.router.ray_cluster import connect
 
         await connect(router_cfg.ray_address, router_cfg.ray_namespace)
-        threads = model_cfg.num_threads or 1
+        threads = config.model.num_threads or 1
     if router_cfg.ray_address is None and total > 1:  # on CUDA they share one device
         share = cache_cfg.gpu_memory_utilization / total
         cache_cfg = dataclasses.replace(cache_cfg, gpu_memory_utilization=share)
-    plans: list[tuple[str, str, str, Starter]] = []  # model, replica name, pool, starter
+    return threads, cache_cfg
+
+
+def _plan(
+    specs: Sequence[ModelSpec],
+    config: HeadraceConfig,
+    threads: int,
+    cache_cfg: CacheConfig,
+    changes: dict[str, LoraChanges],
+) -> tuple[list[_Plan], dict[str, Starter]]:
+    """The replicas to start, each with its starter; and per model the autoscaler's starter."""
+    router_cfg, sched_cfg, long_n = config.router, config.scheduler, config.router.long_replicas
+    plans: list[_Plan] = []
     starters: dict[str, Starter] = {}
-    changes = {spec.name: LoraChanges() for spec in specs}  # the routers' lora_changes
     for spec in specs:
         cfg = dataclasses.replace(
-            model_cfg, model=spec.model, served_model_name=spec.name, num_threads=threads
+            config.model, model=spec.model, served_model_name=spec.name, num_threads=threads
         )
         # the autoscaler's replicas are never shared by name
         starters[spec.name] = _starter(
@@ -125,28 +164,17 @@ async def start_deployment(
                 changes[spec.name],
             )  # fmt: skip
             plans.append((spec.name, name, pool, starter))
-    started = await _gather([p[3]() for p in plans])
-    replicas: dict[str, list[Replica]] = {s.name: [] for s in specs}
-    for (model, name, pool, starter), engine in zip(plans, started, strict=True):
-        replicas[model].append(Replica(name, engine, pool=pool, starter=starter))
-    try:
-        await _add_remotes(replicas, replica_urls, router_cfg)
-        implicit = {s.name for s in specs if s.model is None}  # `--replicas 0`, no --model
-        for model in [m for m, reps in replicas.items() if not reps and m in implicit]:
-            del replicas[model]
-        empty = [model for model, reps in replicas.items() if not reps]
-        if empty or not replicas:
-            raise ValueError(f"model(s) {empty} have no replica: N=0 and no --replica-url")
-    except BaseException:
-        await _close_all([r.engine for reps in replicas.values() for r in reps])
-        raise
-    routers = {model: Router(model, reps, router_cfg) for model, reps in replicas.items()}
-    for model, router in routers.items():
-        router.lora_changes = changes.get(model, router.lora_changes)
-        if bounds is not None and model in starters and any(r.starter for r in router.replicas):
-            _autoscale(router, starters[model], config.autoscale)
-        router.start()
-    return routers
+    return plans, starters
+
+
+def _drop_empty(replicas: dict[str, list[Replica]], specs: Sequence[ModelSpec]) -> None:
+    """The implicit model goes if it has no replica; ValueError if any other model has none."""
+    implicit = {s.name for s in specs if s.model is None}  # `--replicas 0`, no --model
+    for model in [m for m, reps in replicas.items() if not reps and m in implicit]:
+        del replicas[model]
+    empty = [model for model, reps in replicas.items() if not reps]
+    if empty or not replicas:
+        raise ValueError(f"model(s) {empty} have no replica: N=0 and no --replica-url")
 
 
 def _starter(
