@@ -56,15 +56,7 @@ def core_process_main(
     link: CoreLink | None = None,
 ) -> None:
     """Entry point of the core process: load the model, report ready, serve until told."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when we stop
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a hangup to the group reloads the front end
-    if spec.model_config.engine_nice:
-        # Model steps can take every core; a refusal or /health must not wait behind them.
-        os.nice(spec.model_config.engine_nice)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s core %(levelname)s: %(message)s")
-    # The runner's load-time choices (KV blocks, int8 projections): a few lines a start, and
-    # the only place a server's log says which kernels it took.
-    logging.getLogger("headrace.engine.runner.model_runner").setLevel(logging.INFO)
+    _settle_process(spec)
     link = link or CoreLink()
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
@@ -74,7 +66,39 @@ def core_process_main(
     link.sender(outbox)
     outbox.setsockopt(zmq.SNDTIMEO, int(link.out_timeout_s * 1000))
     outbox.connect(out_addr)
+    send = _sender(outbox, link)
+    try:
+        try:
+            core = spec.build()
+        except BaseException:
+            send(CoreFailed(traceback.format_exc()))
+            return
+        send(core.ready_message(served_model_name))
+        recv = _receiver(inbox)
+        run_core_loop(core, recv, send, should_stop=lambda: os.getppid() != parent_pid)
+    except FrontEndStuckError as e:
+        log.error("%s: the engine core stops", e)
+        raise SystemExit(FRONT_END_STUCK_EXIT) from None
+    finally:
+        outbox.close(linger=1000)
+        inbox.close(linger=0)
+        ctx.term()
 
+
+def _settle_process(spec: CoreSpec) -> None:
+    """Signals, priority and logging of the core process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when we stop
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a hangup to the group reloads the front end
+    if spec.model_config.engine_nice:
+        # Model steps can take every core; a refusal or /health must not wait behind them.
+        os.nice(spec.model_config.engine_nice)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s core %(levelname)s: %(message)s")
+    # The runner's load-time choices (KV blocks, int8 projections): a few lines a start, and
+    # the only place a server's log says which kernels it took.
+    logging.getLogger("headrace.engine.runner.model_runner").setLevel(logging.INFO)
+
+
+def _sender(outbox: zmq.Socket[bytes], link: CoreLink) -> Callable[[FromCore], None]:
     def send(msg: FromCore) -> None:
         try:
             outbox.send(encode(msg))
@@ -83,6 +107,10 @@ def core_process_main(
                 f"the front end took no output for {link.out_timeout_s:g} s"
             ) from None
 
+    return send
+
+
+def _receiver(inbox: zmq.Socket[bytes]) -> Callable[[float], list[ToCore]]:
     def recv(timeout: float) -> list[ToCore]:
         msgs: list[ToCore] = []
         if inbox.poll(int(timeout * 1000)):
@@ -95,21 +123,7 @@ def core_process_main(
                         log.exception("engine core got an unreadable message")
         return msgs
 
-    try:
-        try:
-            core = spec.build()
-        except BaseException:
-            send(CoreFailed(traceback.format_exc()))
-            return
-        send(core.ready_message(served_model_name))
-        run_core_loop(core, recv, send, should_stop=lambda: os.getppid() != parent_pid)
-    except FrontEndStuckError as e:
-        log.error("%s: the engine core stops", e)
-        raise SystemExit(FRONT_END_STUCK_EXIT) from None
-    finally:
-        outbox.close(linger=1000)
-        inbox.close(linger=0)
-        ctx.term()
+    return recv
 
 
 class ProcessCore:
