@@ -137,6 +137,10 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self.loras = LoraManager(model)  # adapters, loaded by name (--lora, admin routes)
+        self._finish_setup(model_dir, deterministic)
+
+    def _finish_setup(self, model_dir: Path | None, deterministic: bool) -> None:
+        """Attention path and fault injection; then the wait for the background builds."""
         self.poison_token = _poison_token_from_env()
         self.paged_kernel = paged_decode_supported(self.device, self.dtype)
         self.per_token_attention = deterministic and self.paged_kernel
@@ -148,19 +152,20 @@ class ModelRunner:
             waited = self.grammars.wait_started()
             built = self.grammars.table_build_s or 0.0
             log.info("grammar token table built in %.2f s (start waited %.2f s)", built, waited)
-        self.screened_sampler = _screened_sampler(model, self.wait_greedy_head())
+        self.screened_sampler = _screened_sampler(self.model, self.wait_greedy_head())
         log.info(
             "runner ready: %s on %s in %s, %d KV blocks of %d tokens (%.2f GiB), max_model_len %d",
-            model_name,
+            self.model_name,
             self.device,
             str(self.dtype).removeprefix("torch."),
             self.num_kv_blocks,
             self.block_size,
             self.kv_cache.nbytes / (1 << 30),
-            max_model_len,
+            self.max_model_len,
         )
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        # Long on purpose: the step's hot path read top to bottom, no extra call per step.
         if out.is_empty:
             return RunnerOutput(sampled={})
         self._validate(out)

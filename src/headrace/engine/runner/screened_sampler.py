@@ -208,6 +208,7 @@ class ScreenedSampler:
         out: list[int | None],
     ) -> None:
         """Rejection from exp(ub / T); `allowed` [r]: the least logit each row may draw."""
+        # Long on purpose: the rounds share a dozen tensors; split, they would be passed around.
         row_ids = torch.tensor(rows, dtype=torch.int64)
         it = inv_t[row_ids]  # [r]
         log_mass = summary.log_mass(inv_t)[row_ids]  # [r, G]

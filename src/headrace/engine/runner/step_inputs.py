@@ -43,6 +43,7 @@ def build_step_inputs(
     decodes get the bounds of the in-place kernel instead of masks. `per_token` (with
     `paged_kernel`): every token attends as a decode of its own, over the cache up to itself,
     so its attention is the same however its sequence was chunked, cached or drafted."""
+    # Long on purpose: one pass over the step's tokens, every step; no call per request added.
     decodes = [s for s in scheduled if len(s.token_ids) == 1]
     chunks = [s for s in scheduled if len(s.token_ids) > 1]
     ordered = decodes + chunks
