@@ -218,29 +218,14 @@ class BlockManager:
         With `num_tokens_by_request` (request id -> tokens that have KV entries; call between
         steps), also check that each table holds exactly the blocks those tokens need.
         """
-        owners: Counter[int] = Counter()
-        for rid, table in self._tables.items():
-            if len(set(table)) != len(table):
-                raise AssertionError(f"{rid} holds a block twice")
-            for block in table:
-                if not 0 <= block < self.num_blocks:
-                    raise AssertionError(f"block {block} of {rid} out of range")
-            owners.update(table)
+        owners = self._check_tables()
         for block in range(self.num_blocks):
             refs, owned = self._refs[block], owners[block]
             if owned > refs:
                 raise AssertionError(f"block {block} owned by {owned} tables, counted {refs}")
             if owned < refs:
                 raise AssertionError(f"block {block} leaked: counted {refs}, owned by {owned}")
-        if len(set(self._free)) != len(self._free):
-            raise AssertionError("a block is free twice")
-        for block in self._free:
-            if not 0 <= block < self.num_blocks:
-                raise AssertionError(f"free block {block} out of range")
-            if self._refs[block] != 0:
-                raise AssertionError(f"block {block} is free and owned by {self._refs[block]}")
-            if self.cache is not None and self.cache.is_parked(block):
-                raise AssertionError(f"block {block} is free and parked")
+        self._check_free()
         if self.cache is not None:
             self.cache.check_invariants(self._refs)
         if len(owners) + self.num_free_blocks != self.num_blocks:
@@ -251,8 +236,33 @@ class BlockManager:
         for h, rid in self._promised.items():
             if rid not in self._tables or h not in self._promises.get(rid, ()):
                 raise AssertionError(f"a block is promised by {rid}, which holds no promise")
-        if num_tokens_by_request is None:
-            return
+        if num_tokens_by_request is not None:
+            self._check_table_sizes(num_tokens_by_request)
+
+    def _check_tables(self) -> Counter[int]:
+        """How many tables own each block, once each table holds distinct blocks in range."""
+        owners: Counter[int] = Counter()
+        for rid, table in self._tables.items():
+            if len(set(table)) != len(table):
+                raise AssertionError(f"{rid} holds a block twice")
+            for block in table:
+                if not 0 <= block < self.num_blocks:
+                    raise AssertionError(f"block {block} of {rid} out of range")
+            owners.update(table)
+        return owners
+
+    def _check_free(self) -> None:
+        if len(set(self._free)) != len(self._free):
+            raise AssertionError("a block is free twice")
+        for block in self._free:
+            if not 0 <= block < self.num_blocks:
+                raise AssertionError(f"free block {block} out of range")
+            if self._refs[block] != 0:
+                raise AssertionError(f"block {block} is free and owned by {self._refs[block]}")
+            if self.cache is not None and self.cache.is_parked(block):
+                raise AssertionError(f"block {block} is free and parked")
+
+    def _check_table_sizes(self, num_tokens_by_request: dict[str, int]) -> None:
         for rid, n in num_tokens_by_request.items():
             have = len(self._tables.get(rid, ()))
             if have != blocks_for(n, self.block_size):
