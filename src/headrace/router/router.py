@@ -43,9 +43,7 @@ class Autoscaling(Protocol):
     (`autoscale_loop.AutoscaleLoop`, which drives the router: hence only this shape here)."""
 
     def start(self) -> None: ...
-
     async def close(self) -> None: ...
-
     def describe(self) -> dict[str, object]: ...
 
 
@@ -170,13 +168,8 @@ class Router:
                 yield stream.deliver(end_chunk(request_id, FinishReason.ABORT))
                 return
             if replica is None:
-                if failure is not None and _past(deadline):  # as the engine ends it
-                    yield stream.deliver(end_chunk(request_id, FinishReason.TIMEOUT))
-                    return
-                if failure is not None:
-                    yield stream.deliver(for_caller(request_id, failure))
-                    return
-                raise NoReplicaError(f"no replica of model {self.name!r} is in rotation")
+                yield stream.deliver(self._give_up(request_id, failure, deadline))
+                return
             tried.add(id(replica))
             attempt = Attempt(replica, request_id, self._placed)
             prompt_ids, attempt_params = stream.request()
@@ -190,30 +183,45 @@ class Router:
             if attempt.failure is None:
                 return
             failure = attempt.failure
-            if attempt.streamed or stream.resumes:
-                if not self._resume(request_id, replica, stream, failure):
-                    yield stream.deliver(for_caller(request_id, failure))
-                    return
-                self._between[request_id] = False
-                tried = set()  # out of rotation: back in it after a restart, it may serve
-            else:
-                self.retries += 1
-                log.warning("retrying %s elsewhere: replica %s failed", request_id, replica.name)
+            end = self._after_failure(request_id, attempt, stream, tried)
+            if end is not None:
+                yield stream.deliver(end)
+                return
 
-    def _resume(
-        self, request_id: str, replica: Replica, stream: ResumableStream, failure: GenerationChunk
-    ) -> bool:
+    def _give_up(
+        self, request_id: str, failure: GenerationChunk | None, deadline: float | None
+    ) -> GenerationChunk:
+        """No replica for the next attempt: how the stream ends (NoReplicaError before any)."""
+        if failure is None:
+            raise NoReplicaError(f"no replica of model {self.name!r} is in rotation")
+        if deadline is not None and time.monotonic() >= deadline:  # as the engine ends it
+            return end_chunk(request_id, FinishReason.TIMEOUT)
+        return for_caller(request_id, failure)
+
+    def _after_failure(
+        self, request_id: str, attempt: Attempt, stream: ResumableStream, tried: set[int]
+    ) -> GenerationChunk | None:
+        """How the stream ends after a failed attempt, or None to go on: retried elsewhere
+        before any token, else resumed (where every replica may serve again)."""
+        replica, failure = attempt.replica, attempt.failure
+        assert failure is not None
+        if not (attempt.streamed or stream.resumes):
+            self.retries += 1
+            log.warning("retrying %s elsewhere: replica %s failed", request_id, replica.name)
+            return None
         why_not = stream.why_not_resumable()
         if why_not is not None:
             log.warning("not resuming %s after %s failed: %s", request_id, replica.name, why_not)
-            return False
+            return for_caller(request_id, failure)
         stream.resume()
         self.resumes += 1
         log.warning(
             "resuming %s elsewhere after %d tokens: replica %s failed (%s)",
             request_id, len(stream.sent_ids), replica.name, failure.error,
         )  # fmt: skip
-        return True
+        self._between[request_id] = False
+        tried.clear()  # out of rotation: back in it after a restart, it may serve
+        return None
 
     async def _next_replica(
         self,
@@ -287,7 +295,3 @@ class Router:
             **({"autoscaler": self.autoscaler.describe()} if self.autoscaler else {}),
             "replicas": [r.describe() for r in self.replicas],
         }
-
-
-def _past(deadline: float | None) -> bool:
-    return deadline is not None and time.monotonic() >= deadline
