@@ -14,7 +14,7 @@ from headrace.api.errors import APIError, bad_request
 from headrace.api.job import Job
 from headrace.api.logits_fields import processor_params
 from headrace.api.schemas import SamplingFields
-from headrace.api.state import AppState
+from headrace.api.state import AppState, Target
 from headrace.api.structured import grammar_for
 from headrace.api.usage_record import ledger_names, record_refusal
 from headrace.engine.frontend.client import EngineClient, GenerateOptions
@@ -107,10 +107,32 @@ async def _admit(
     model, engine = target.model, target.engine
     state.gateway.check(tenant, target.base)
     ids = await encode(engine)
+    max_tokens, params = await _params(state, body, engine, len(ids), max_tokens, logprobs, grammar)
+    admission = state.gateway.admit(tenant, len(ids), n * max_tokens, target.base)
+    arrival = arrival_time(request.scope)
+    options = _options(state, body, tenant, target, arrival)
+    rid = new_request_id(id_prefix)
+    timer = RequestTimer(start=arrival)
+    traceparent = request.headers.get("traceparent")
+    job = Job(rid, model, engine, ids, params, options, admission, timer, traceparent)
+    job.key_id, job.route = ledger_names(request)
+    return job
+
+
+async def _params(
+    state: AppState,
+    body: SamplingFields,
+    engine: EngineClient,
+    num_ids: int,
+    max_tokens: int | None,
+    logprobs: int | None,
+    grammar: Grammar | None,
+) -> tuple[int, SamplingParams]:
+    """The output limit, checked to fit the context, and the sampling parameters."""
     if max_tokens is None:  # chat without a limit: the rest of the context
-        max_tokens = max(engine.max_model_len - len(ids), 1)
+        max_tokens = max(engine.max_model_len - num_ids, 1)
     try:
-        check_fits(len(ids), max_tokens, engine.max_model_len)
+        check_fits(num_ids, max_tokens, engine.max_model_len)
     except DoesNotFit as e:
         raise bad_request(str(e), e.param) from e
     eos_banned_for = 0 if body.ignore_eos else body.min_tokens or 0
@@ -118,18 +140,15 @@ async def _admit(
         constraint = await grammar_for(body, state.grammars, eos_banned_for)
     else:
         constraint = await grammar()
-    params = sampling_params(body, max_tokens, logprobs, engine.tokenizer, constraint)
-    admission = state.gateway.admit(tenant, len(ids), n * max_tokens, target.base)
-    arrival = arrival_time(request.scope)
-    options = GenerateOptions(
+    return max_tokens, sampling_params(body, max_tokens, logprobs, engine.tokenizer, constraint)
+
+
+def _options(
+    state: AppState, body: SamplingFields, tenant: Tenant, target: Target, arrival: float
+) -> GenerateOptions:
+    return GenerateOptions(
         priority=tenant.priority, tenant=tenant.name, weight=tenant.weight,
         timeout_s=body.timeout or state.config.request_timeout_s,
         queue_timeout_s=tenant.queue_timeout_s, arrival_time=arrival,
         cache_salt=tenant.cache_salt, lora=target.lora,
     )  # fmt: skip
-    rid = new_request_id(id_prefix)
-    timer = RequestTimer(start=arrival)
-    traceparent = request.headers.get("traceparent")
-    job = Job(rid, model, engine, ids, params, options, admission, timer, traceparent)
-    job.key_id, job.route = ledger_names(request)
-    return job

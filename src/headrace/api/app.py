@@ -84,6 +84,11 @@ def build_app(
         state.metrics.add_collector(BatchMetrics(state.batches.runner))
         uploads = ("/v1/files", state.batches.cfg.batch_max_file_bytes + _FORM_SLACK)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes, uploads=uploads)
+    _add_routes(app, config)
+    return app
+
+
+def _add_routes(app: FastAPI, config: ServerConfig) -> None:
     for module in (generate, openai, chat, responses):
         app.include_router(module.router)
     app.include_router(replica_api.router)  # /v1/stats and what a front end routing here uses
@@ -99,7 +104,6 @@ def build_app(
     app.openapi = _openapi_without_422(app)  # type: ignore[method-assign]
     if config.api_docs:
         app.add_api_route("/openapi.json", openapi_route, methods=["GET"], include_in_schema=False)
-    return app
 
 
 def _open_batches(

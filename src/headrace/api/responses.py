@@ -64,25 +64,32 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     out = ResponseOutput(tools.active, tools.calls_first)
     answer = _Answer(state, body, job, run, out, tenant, conversation)
     if body.stream:
-        first = await start_stream(state, request, run)
-        prelude = [
-            encode_typed_event(out.event("response.created", response=answer.snapshot())),
-            encode_typed_event(out.event("response.in_progress", response=answer.snapshot())),
-        ]
-
-        def event(chunk: GenerationChunk) -> bytes | None:
-            events = out.feed(chunk.text, chunk.finished)
-            if chunk.finished:
-                final = answer.finish()
-                kind = "completed" if final["status"] == "completed" else "incomplete"
-                events.append(out.event(f"response.{kind}", response=final))
-            return b"".join(encode_typed_event(e) for e in events) or None
-
-        events = stream_run(run, first, event, list, prelude)
-        return SSEResponse(events, job.admission.headers, on_shutdown=state.shutdown.wait)
+        return await _stream(state, request, job, run, out, answer)
     chunks = await run_to_end(state, request, run)
     out.feed("".join(c.text for c in chunks), finished=True)
     return JSONResponse(answer.finish(), headers=job.admission.headers)
+
+
+async def _stream(
+    state: AppState, request: Request, job: Job, run: Choices, out: ResponseOutput, answer: _Answer
+) -> Response:
+    """The answer as typed events: created, in progress, the output's, completed or not."""
+    first = await start_stream(state, request, run)
+    prelude = [
+        encode_typed_event(out.event("response.created", response=answer.snapshot())),
+        encode_typed_event(out.event("response.in_progress", response=answer.snapshot())),
+    ]
+
+    def event(chunk: GenerationChunk) -> bytes | None:
+        events = out.feed(chunk.text, chunk.finished)
+        if chunk.finished:
+            final = answer.finish()
+            kind = "completed" if final["status"] == "completed" else "incomplete"
+            events.append(out.event(f"response.{kind}", response=final))
+        return b"".join(encode_typed_event(e) for e in events) or None
+
+    events = stream_run(run, first, event, list, prelude)
+    return SSEResponse(events, job.admission.headers, on_shutdown=state.shutdown.wait)
 
 
 @router.get("/v1/responses/{response_id}", responses=error_responses(401, 404))
