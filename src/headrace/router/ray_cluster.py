@@ -23,12 +23,15 @@ import ipaddress
 import logging
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.frontend.client import EngineClient
 from headrace.router.ray_actor import ReplicaActor, settings_of
 from headrace.router.ray_replica import RayEngine
+
+if TYPE_CHECKING:  # Ray is an optional extra
+    from ray.actor import ActorClass
 
 log = logging.getLogger("headrace.router")
 
@@ -107,15 +110,7 @@ def ray_starter(
     there is one, else creates it, detached."""
     import ray
 
-    resources = replica_resources(model_config)
-    if model_config.device == "auto":  # decided here, with the GPU it declares
-        device = "cuda" if resources["num_gpus"] else "cpu"
-        model_config = dataclasses.replace(model_config, device=device)
-    named = {} if actor_name is None else _named(actor_name)
-    actor_class = ray.remote(ReplicaActor).options(
-        **resources, max_restarts=0, max_concurrency=10_000, scheduling_strategy="SPREAD",
-        **named,
-    )  # fmt: skip
+    actor_class, model_config = _actor_class(model_config, actor_name)
     configs = (model_config, cache_config, scheduler_config)
 
     async def start() -> EngineClient:
@@ -139,6 +134,25 @@ def ray_starter(
         return engine
 
     return start
+
+
+def _actor_class(
+    model_config: ModelConfig, actor_name: str | None
+) -> tuple[ActorClass[ReplicaActor], ModelConfig]:
+    """The replica's actor class with the resources it declares; the settings with the device
+    decided (with the GPU it declares)."""
+    import ray
+
+    resources = replica_resources(model_config)
+    if model_config.device == "auto":  # decided here, with the GPU it declares
+        device = "cuda" if resources["num_gpus"] else "cpu"
+        model_config = dataclasses.replace(model_config, device=device)
+    named = {} if actor_name is None else _named(actor_name)
+    actor_class = ray.remote(ReplicaActor).options(
+        **resources, max_restarts=0, max_concurrency=10_000, scheduling_strategy="SPREAD",
+        **named,
+    )  # fmt: skip
+    return actor_class, model_config
 
 
 def _named(actor_name: str) -> dict[str, Any]:
