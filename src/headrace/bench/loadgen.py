@@ -158,11 +158,7 @@ async def run_level(
         poller = asyncio.create_task(scraper.poll(t0, stop)) if scraper.available else None
         col = _Collector(client, target, t0, on_result or (lambda r: None))
         try:
-            if mode == "rate":
-                await open_loop(col, workload, level, bounds, arrivals, workload.seed)
-                await col.drain(bounds.drain_timeout)
-            else:
-                await closed_loop(col, workload, int(level), bounds)
+            await _drive(col, workload, mode, level, bounds, arrivals)
             duration = time.perf_counter() - t0
         finally:
             stop.set()
@@ -179,3 +175,14 @@ async def run_level(
         timeline=scraper.timeline,
         generation_tokens_delta=scraper.generation_tokens_delta(),
     )
+
+
+async def _drive(
+    col: _Collector, workload: Workload, mode: str, level: float, bounds: Bounds, arrivals: str
+) -> None:
+    """Send the level's requests: open loop (then wait for the last), or closed loop."""
+    if mode == "rate":
+        await open_loop(col, workload, level, bounds, arrivals, workload.seed)
+        await col.drain(bounds.drain_timeout)
+    else:
+        await closed_loop(col, workload, int(level), bounds)
