@@ -22,33 +22,8 @@ class RouterMetrics(Collector):
         return []  # the label sets follow the live routers
 
     def collect(self) -> Iterable[Metric]:
-        labels = ["model_name", "replica"]
-        routed = CounterMetricFamily(
-            PREFIX + "router_requests_routed", "Requests sent to a replica (retries count).",
-            labels=labels,
-        )  # fmt: skip
-        restarts = CounterMetricFamily(
-            PREFIX + "router_replica_restarts", "Replica restarts after a failure.", labels=labels
-        )
-        up = GaugeMetricFamily(
-            PREFIX + "router_replica_healthy", "1 while the replica is in rotation.", labels=labels
-        )
-        state = GaugeMetricFamily(
-            PREFIX + "router_replica_state", "1 for the replica's current state.",
-            labels=[*labels, "state"],
-        )  # fmt: skip
-        load = GaugeMetricFamily(
-            PREFIX + "router_replica_load_tokens",
-            "Waiting + running tokens reported, plus those dispatched since.", labels=labels,
-        )  # fmt: skip
-        retries = CounterMetricFamily(
-            PREFIX + "router_retries", "Requests sent again after their replica failed.",
-            labels=["model_name"],
-        )  # fmt: skip
-        resumes = CounterMetricFamily(
-            PREFIX + "router_resumes", "Streams continued elsewhere after their replica failed.",
-            labels=["model_name"],
-        )  # fmt: skip
+        routed, restarts, up, state, load = _replica_families()
+        retries, resumes = _router_families()
         for name, engine in list(self.engines().items()):
             if not isinstance(engine, Router):
                 continue
@@ -64,3 +39,49 @@ class RouterMetrics(Collector):
                 for s in ReplicaState:
                     state.add_metric([*key, str(s)], 1.0 if r.state is s else 0.0)
         return [routed, restarts, up, state, load, retries, resumes]
+
+
+_ReplicaFamilies = tuple[
+    CounterMetricFamily,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    GaugeMetricFamily,
+    GaugeMetricFamily,
+]
+
+
+def _replica_families() -> _ReplicaFamilies:
+    """Routed, restarts, healthy, state and load: labelled by model and replica."""
+    labels = ["model_name", "replica"]
+    routed = CounterMetricFamily(
+        PREFIX + "router_requests_routed", "Requests sent to a replica (retries count).",
+        labels=labels,
+    )  # fmt: skip
+    restarts = CounterMetricFamily(
+        PREFIX + "router_replica_restarts", "Replica restarts after a failure.", labels=labels
+    )
+    up = GaugeMetricFamily(
+        PREFIX + "router_replica_healthy", "1 while the replica is in rotation.", labels=labels
+    )
+    state = GaugeMetricFamily(
+        PREFIX + "router_replica_state", "1 for the replica's current state.",
+        labels=[*labels, "state"],
+    )  # fmt: skip
+    load = GaugeMetricFamily(
+        PREFIX + "router_replica_load_tokens",
+        "Waiting + running tokens reported, plus those dispatched since.", labels=labels,
+    )  # fmt: skip
+    return routed, restarts, up, state, load
+
+
+def _router_families() -> tuple[CounterMetricFamily, CounterMetricFamily]:
+    """Retries and resumes: labelled by model."""
+    retries = CounterMetricFamily(
+        PREFIX + "router_retries", "Requests sent again after their replica failed.",
+        labels=["model_name"],
+    )  # fmt: skip
+    resumes = CounterMetricFamily(
+        PREFIX + "router_resumes", "Streams continued elsewhere after their replica failed.",
+        labels=["model_name"],
+    )  # fmt: skip
+    return retries, resumes
