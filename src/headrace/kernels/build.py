@@ -130,6 +130,7 @@ def _cpu_flags() -> str:
 
 
 def _declare(lib: ctypes.CDLL) -> None:
+    # Long on purpose: a flat table of ctypes signatures, one kernel after another.
     for name in ("paged_decode_bf16", "paged_decode_f32"):
         fn = getattr(lib, name)
         fn.argtypes = [PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, I64, I64, I64, I64, I64, F32, PTR]
