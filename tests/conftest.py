@@ -4,7 +4,7 @@ Having this file puts `tests/` on `sys.path`, so helper modules of a test packag
 same way from anywhere in the suite: `from factories import make_tiny` (tests/factories/).
 """
 
-pytest_plugins = ["netns"]
+pytest_plugins = ["netns", "hf_gemma"]
 
 
 def pytest_configure(config: object) -> None:

@@ -3,7 +3,9 @@ transformers + peft's on the same GGUF, alone and batched with the base model.""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,7 +14,6 @@ from factories import hf_greedy
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.runner.model_runner import ModelRunner
 from headrace.engine.runner.runner_harness import greedy
-from headrace.loader.cache import default_model_path
 from headrace.loader.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.gemma, pytest.mark.slow]
@@ -20,14 +21,10 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n    "]
 NEW_TOKENS = 16
 
 
-def test_gemma_adapter_matches_peft(tmp_path: Path) -> None:
+def test_gemma_adapter_matches_peft(tmp_path: Path, hf_gemma: tuple[Any, Any]) -> None:
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
-    path = default_model_path()
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    hf = copy.deepcopy(hf_gemma[0])  # peft injects its layers into the model it is given
     runner = ModelRunner(ModelConfig(dtype="float32", device="cpu"), CacheConfig(num_kv_blocks=64))
     ids = [load_tokenizer(runner.model_dir).encode(p) for p in PROMPTS]
     base = [hf_greedy(hf, p, NEW_TOKENS) for p in ids]

@@ -17,7 +17,6 @@ from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.model_runner import ModelRunner
 from headrace.engine.runner.runner_harness import GREEDY, greedy
 from headrace.engine.runner.step_inputs import build_step_inputs
-from headrace.loader.cache import default_model_path
 from headrace.loader.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.gemma
@@ -45,18 +44,6 @@ TEXTS = [
 @pytest.fixture(scope="session")
 def gemma_runner() -> ModelRunner:
     return ModelRunner(ModelConfig(dtype="float32", device="cpu"), CacheConfig(num_kv_blocks=256))
-
-
-@pytest.fixture(scope="session")
-def hf_gemma() -> tuple[Any, Any]:
-    """transformers' own load of the same GGUF (about 45-65 s here), once per session."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = default_model_path()
-    folder, name = str(path.parent), path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    return model.eval(), tokenizer
 
 
 def test_tokenizer_matches_transformers(gemma_runner: ModelRunner, hf_gemma: Any) -> None:
