@@ -6,7 +6,6 @@ batch's composition moves logits by a rounding.)"""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -14,7 +13,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from factories import Server, serving
+from factories import Server
 from pydantic import BaseModel, Field
 
 pytestmark = pytest.mark.gemma
@@ -48,10 +47,9 @@ SUBJECTS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    args = ["--max-model-len", "1024", "--max-num-seqs", "24", "--log-level", "warning"]
-    yield from serving(args, tmp_path_factory.mktemp("structured"))
+@pytest.fixture
+def server(gemma_server: Server) -> Server:
+    return gemma_server
 
 
 def _complete(server: Server, prompt: str, **body: Any) -> dict[str, Any]:

@@ -6,14 +6,13 @@ calls' results goes on."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import jsonschema
 import pytest
-from factories import Server, serving
+from factories import Server
 
 pytestmark = pytest.mark.gemma
 
@@ -64,10 +63,9 @@ ASKS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    args = ["--max-model-len", "1024", "--max-num-seqs", "20", "--log-level", "warning"]
-    yield from serving(args, tmp_path_factory.mktemp("tools-gemma"))
+@pytest.fixture
+def server(gemma_server: Server) -> Server:
+    return gemma_server
 
 
 def _chat(server: Server, ask: str, **body: Any) -> dict[str, Any]:
