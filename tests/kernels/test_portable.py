@@ -20,6 +20,7 @@ from headrace.kernels import (
     int8_linear,
     int8_screen,
     paged_decode,
+    screened_row,
 )
 from kernels import (
     test_argmax,
@@ -30,6 +31,7 @@ from kernels import (
     test_int8_linear,
     test_int8_screen,
     test_paged_decode,
+    test_screened_row,
 )
 
 # AVX2 only; AVX-512 without BF16 or VNNI; AVX-512 BF16 and VNNI without AMX
@@ -59,6 +61,7 @@ def portable(
         int8_linear,
         int8_screen,
         paged_decode,
+        screened_row,
     ):
         monkeypatch.setattr(module, "cpu_kernels", lambda lib=lib: lib)
     yield request.param
@@ -108,3 +111,9 @@ def test_bf16_linear_portable(portable: str) -> None:
     for rows in (1, 6, 16):
         test_bf16_linear.test_every_row_count_is_one_rounding_from_exact(rows)
     test_bf16_linear.test_bias_strided_rows_and_odd_shapes()
+
+
+def test_screened_row_portable(portable: str) -> None:
+    for case in test_screened_row.CASES:
+        test_screened_row.test_the_head_is_the_likeliest_buckets_and_the_sums_agree(*case)
+    test_screened_row.test_rows_dot_is_the_fp32_dot_of_the_chosen_rows(300)

@@ -1,5 +1,6 @@
 """Compile `cpu_kernels.c`, `paged_decode.c`, `int8_head.c`, `int8_screen.c`, `int8_linear.c`,
-`bf16_linear.c` and `top_p.c` with the machine's C compiler once, cache the library, load it.
+`bf16_linear.c`, `top_p.c` and `screened_row.c` with the machine's C compiler once, cache the
+library, load it.
 
 A plain C library through ctypes rather than a torch C++ extension: it builds in about 0.4 s
 (no torch headers), so the first start ever stays fast, and a later start loads it from the
@@ -35,6 +36,7 @@ NAMES = (
     "int8_linear.c",
     "bf16_linear.c",
     "top_p.c",
+    "screened_row.c",
 )
 SOURCES = [Path(__file__).with_name(n) for n in NAMES]
 # included by the sources: part of the cache key
@@ -165,6 +167,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.top_p_scan.restype = None
     lib.top_p_collect.argtypes = [PTR, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR, PTR]
     lib.top_p_collect.restype = None
+    lib.screened_row_head.argtypes = [PTR, PTR, I64, F32, I64, PTR, PTR, PTR, PTR, PTR, PTR]
+    lib.screened_row_head.restype = I64
+    lib.rows_dot_bf16.argtypes = [PTR, I64, PTR, I64, PTR, I64, PTR]
+    lib.rows_dot_bf16.restype = None
     for name in ("argmax_bf16", "argmax_f32"):
         fn = getattr(lib, name)
         fn.argtypes = [PTR, I64, I64, PTR]

@@ -7,7 +7,8 @@ S's edge cannot be fixed from the bounds (on Gemma 3 they are ~2.5 wide across t
 the tail's mass is known only to a factor of ~12), but one token's membership mostly can be
 once the likeliest tokens are exact. So:
 
-1. The head: the RESCORE_FIRST tokens of largest ub, rescored exactly. A row where they hold
+1. The head: the tokens of largest ub, whole buckets of 1/16 nat below the row's top, at most
+   RESCORE_FIRST of them (kernels/screened_row.c), rescored exactly. A row where they hold
    less than ROUTE_MIN_MASS of exp(ub / T) is flat and goes to the full head (decided from the
    row alone, so either way the row's own distribution is drawn from).
 2. v is drawn from softmax(l / T) by rejection from a proposal that is exact on the head and
@@ -19,7 +20,8 @@ once the likeliest tokens are exact. So:
    Surely in S: v is the draw. Out: the next accepted proposal.
 
 A draw from softmax(l / T) kept only when in S is a draw from the softmax restricted to S: the
-top_p distribution of the fp32 logits, exactly, up to fp32 rounding (the reference path draws
+top_p distribution of the fp32 logits, exactly, up to fp32 rounding (the tail's proposal
+weights exp(ub / T - top) come from fast_exp.h, relative error ~2e-7; the reference path draws
 from the same with the logits rounded to bf16).
 
 Shapes: x [R, H] fp32 (the envelope's padded rows) -> R token ids or None (the full head's).
@@ -35,6 +37,7 @@ import torch
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.top_p_membership import MARGIN, RULE, Rescorer, RowBounds, inside
 from headrace.kernels.int8_envelope import Int8Envelope
+from headrace.kernels.screened_row import row_head, rows_dot
 
 # A step with more top_p rows takes the full head and the C top_p scan for them:
 # bench/sampled_head.py --top-p 0.95 --temperatures 1.0 (2-core EPYC without AMX, 2026-12-06)
@@ -105,7 +108,7 @@ class ScreenedTopP:
         assert ub is not None and lb is not None
         for n, j in enumerate(probe):
             r = reqs[j]
-            row = self._row(x[n], ub[n] * inv_t[n], lb[n] * inv_t[n], float(inv_t[n]))
+            row = self._row(x[n], ub[n], lb[n], float(inv_t[n]))
             if row is None:  # flat: the full head's, for REPROBE tokens
                 self._flat[r.request_id] = _at(r) + REPROBE
                 self.stats.routed += 1
@@ -114,30 +117,28 @@ class ScreenedTopP:
         return out
 
     def _dots(self, x: torch.Tensor, tokens: torch.Tensor | None) -> torch.Tensor:
-        """[n] fp32 logits x . w_t (x [H] fp32) of the tokens, or of the whole vocabulary."""
-        self.stats.rescored += len(self.weight) if tokens is None else len(tokens)
-        if tokens is not None:
-            return self.weight[tokens].float() @ x
-        v, step = len(self.weight), 16384
-        return torch.cat([self.weight[at : at + step].float() @ x for at in range(0, v, step)])
+        """[n] fp32 logits x . w_t (x [H] fp32) of the tokens, or of the whole vocabulary: by
+        one kernel, so that a token rescored twice gets the same value (its bound is then a
+        point, and a second value one ulp off would be a broken bound)."""
+        if tokens is None:
+            tokens = torch.arange(len(self.weight))
+        self.stats.rescored += len(tokens)
+        return rows_dot(x, self.weight, tokens)
 
-    def _row(self, x: torch.Tensor, u: torch.Tensor, w: torch.Tensor, inv_t: float) -> _Row | None:
-        """The row with its head exact, or None where the head holds too little of exp(u)."""
-        top = float(u.max())
-        eu = torch.exp(u - top)
-        ub_head, head = u.topk(min(RESCORE_FIRST, len(u)))
-        total = float(eu.sum(dtype=torch.float64))
-        if float(eu[head].sum(dtype=torch.float64)) < ROUTE_MIN_MASS * total:
+    def _row(
+        self, x: torch.Tensor, ub: torch.Tensor, lb: torch.Tensor, inv_t: float
+    ) -> _Row | None:
+        """The row with its head exact, or None where the head holds too little of exp(u).
+        ub, lb [V] become u = ub / T and w = lb / T in place."""
+        h = row_head(ub, lb, inv_t, RESCORE_FIRST)
+        if h.on_head < ROUTE_MIN_MASS * h.total:
             return None
-        lam = self._dots(x, head) * inv_t
-        self.stats.violations += int((lam > ub_head).sum())
-        tail_eu = eu.index_fill_(0, head, 0.0)
-        ew = torch.exp(w - top).index_fill_(0, head, 0.0)
-        tail_top = float(ub_head[-1])
-        mass = torch.exp(lam.double() - top)
+        lam = self._dots(x, h.head) * inv_t
+        self.stats.violations += int((lam > ub[h.head]).sum())
+        mass = torch.exp(lam.double() - h.top)
         return _Row(
-            x, u, w, inv_t, top, head, lam, mass, float(mass.sum()), tail_eu,
-            float(tail_eu.sum(dtype=torch.float64)), float(ew.sum(dtype=torch.float64)), tail_top,
+            x, ub, lb, inv_t, h.top, h.head, lam, mass, float(mass.sum()), h.tail_eu, h.tail_hi,
+            h.tail_lo, h.tail_top,
         )  # fmt: skip
 
     def _draw(self, row: _Row, p: float) -> int | None:
