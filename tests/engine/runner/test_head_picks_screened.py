@@ -1,7 +1,8 @@
 """A step's picks with the screened sampler: plain sampled rows are drawn from the int8 head
 (the full head never sees them); seeded, logprobs, processor and greedy rows keep their paths,
-as do all sampled rows of a step whose draft rows take the full head, and the top_p rows of a
-step with more than screened_top_p.MAX_ROWS of them."""
+as do all sampled rows of a speculating step with a row the screened sampler cannot draw or
+more than head_picks.WITH_DRAFTS rows (else its draft rows are drawn there too), and the top_p
+rows of a step with more than screened_top_p.MAX_ROWS of them."""
 
 from __future__ import annotations
 
@@ -99,18 +100,37 @@ def _setup(seed: int) -> tuple[torch.Tensor, Int8GreedyHead, list[torch.Tensor],
     return w, Int8GreedyHead(w), seen, full_head
 
 
-def test_a_step_whose_drafts_take_the_full_head_takes_it_for_its_sampled_rows() -> None:
+def test_a_speculating_steps_few_sampled_rows_all_skip_the_full_head() -> None:
+    """Own rows and draft rows of plain sampled requests, at most WITH_DRAFTS of them: every
+    pick (the drafts' included) comes from the screened sampler."""
     _, head, seen, full_head = _setup(2)
     drafting = _req("drafting", temperature=0.8)
     drafting.draft_token_ids.extend([7, 8])
-    reqs = [drafting, _req("plain")]
+    reqs = [drafting, _req("plain", top_p=0.9)]
     rows = torch.randn(4, 64, generator=torch.Generator().manual_seed(3)).bfloat16()
     screened = ScreenedSampler(head, seed=0)
     picks = pick_tokens(
         rows, reqs, head, full_head, Sampler(0), GrammarMasks(lambda: "", 2000, ()), screened
     )
-    assert torch.equal(seen[0], rows)  # both own rows, then the two draft rows
-    assert screened.stats.rows == 0 and len(picks.draft_tokens) == 2
+    assert seen == [] and screened.stats.rows == 4 and screened.top_p.stats.rows == 1
+    assert len(picks.draft_tokens) == 2 and all(0 <= t < 2000 for t in picks.draft_tokens)
+
+
+@pytest.mark.parametrize("why", ["a seeded row", "more rows than WITH_DRAFTS"])
+def test_a_step_whose_drafts_take_the_full_head_takes_it_for_its_sampled_rows(why: str) -> None:
+    _, head, seen, full_head = _setup(2)
+    drafting = _req("drafting", temperature=0.8)
+    drafting.draft_token_ids.extend([7, 8] if why == "a seeded row" else [7, 8, 9, 10])
+    other = _req("seeded", seed=3) if why == "a seeded row" else _req("plain")
+    reqs = [drafting, other]
+    n = 2 + len(drafting.draft_token_ids)
+    rows = torch.randn(n, 64, generator=torch.Generator().manual_seed(3)).bfloat16()
+    screened = ScreenedSampler(head, seed=0)
+    picks = pick_tokens(
+        rows, reqs, head, full_head, Sampler(0), GrammarMasks(lambda: "", 2000, ()), screened
+    )
+    assert torch.equal(seen[0], rows)  # both own rows, then the draft rows
+    assert screened.stats.rows == 0 and len(picks.draft_tokens) == n - 2
 
 
 def test_top_p_rows_past_max_rows_take_the_full_head() -> None:

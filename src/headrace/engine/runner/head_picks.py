@@ -9,8 +9,10 @@ sampled neighbour, a grammar, more rows than the head's sweet spot): a greedy re
 do not depend on its neighbours. The other rows (sampled, logprobs, grammar, processors) and the
 drafts of such requests take the full head's logits as before, except the plain sampled rows
 (engine/runner/screened_sampler.py: no processors, logprobs, grammar or seed), which the runner's
-screened sampler draws exactly from the int8 head's bounds where it has one and the step has
-no draft rows for the full head (those pay for its pass: the few sampled rows go with them).
+screened sampler draws exactly from the int8 head's bounds where it has one. A speculating
+step's draft rows of such requests go there too where all of the step's sampled rows can and
+they are at most WITH_DRAFTS: a draft row's pick is a draw from its request's distribution
+there (speculative sampling), the same whichever way it is drawn (an unseeded request's).
 
 Rows: the step's sampled rows, one per request, then the draft rows, request after request.
 """
@@ -29,6 +31,12 @@ from headrace.engine.runner.screened_sampler import ScreenedSampler, screened_ro
 from headrace.engine.runner.structured import GrammarEnds, GrammarMasks
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
+
+# Most sampled rows (own and drafts together) of a speculating step that the screened sampler
+# draws: a few-row step's full head costs about what one row's does, the screened rows each
+# their own (bench/sampled_head.py: 1.46x the full head at 4 top_p rows, 1.41x at 4 rows of
+# plain temperature); past it the full head takes them all.
+WITH_DRAFTS = 4
 
 
 @dataclass(frozen=True)
@@ -78,10 +86,8 @@ def pick_tokens(
     ends = GrammarEnds()  # none on the int8 head: a constrained row never goes there
     own = [i for i in range(s) if not greedy[i]]
     drafts = [i for i in range(s, n) if not greedy[i]]
-    # Draft rows take the full head anyway, and a speculating step has few rows: the head's
-    # pass over them costs about what it does without them, the envelope's would come on top
-    if screened is not None and own and not drafts:
-        own = _draw_screened(rows, sampled, own, screened, sampler, flat)
+    if screened is not None and own and (not drafts or len(own) + len(drafts) <= WITH_DRAFTS):
+        own, drafts = _draw_screened(rows, sampled, own, drafts, screened, sampler, flat)
     if own or drafts:
         full = rows if len(own) + len(drafts) == n else rows[own + drafts]
         logits = compute_logits(full)  # [S' + D', V]
@@ -129,18 +135,23 @@ def _draw_screened(
     rows: torch.Tensor,
     sampled: list[ScheduledRequest],
     own: list[int],
+    drafts: list[int],
     screened: ScreenedSampler,
     sampler: Sampler,
     flat: list[int],
-) -> list[int]:
-    """Draw the plain sampled rows of `own` from the int8 head (into `flat`); the rows left
-    for the full head."""
-    take = [i for i in own if screened_row(sampled[i], screened.vocab)]
-    if len(take) < screened.min_rows:
-        return own
+) -> tuple[list[int], list[int]]:
+    """Draw the plain sampled rows of `own` and `drafts` from the int8 head (into `flat`); the
+    rows left for the full head. Draft rows only when every row of the step can go (else the
+    full head's pass is paid anyway, and the envelope's would come on top)."""
+    s = len(sampled)
+    owners = [r for r in sampled for _ in r.draft_token_ids]
+    reqs = {i: sampled[i] if i < s else owners[i - s] for i in own + drafts}
+    take = [i for i in own + drafts if screened_row(reqs[i], screened.vocab)]
+    if len(take) < screened.min_rows or (drafts and len(take) < len(own) + len(drafts)):
+        return own, drafts
     done = set()
-    for i, t in zip(take, screened(rows[take], [sampled[i] for i in take], sampler), strict=True):
+    for i, t in zip(take, screened(rows[take], [reqs[i] for i in take], sampler), strict=True):
         if t is not None:
             flat[i] = t
             done.add(i)
-    return [i for i in own if i not in done]
+    return [i for i in own if i not in done], [i for i in drafts if i not in done]

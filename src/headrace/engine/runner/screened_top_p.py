@@ -40,10 +40,10 @@ from headrace.kernels.int8_envelope import Int8Envelope
 from headrace.kernels.screened_row import row_head, rows_dot
 
 # A step with more top_p rows takes the full head and the C top_p scan for them:
-# bench/sampled_head.py --top-p 0.95 --temperatures 1.0 (2-core EPYC without AMX, 2026-12-06)
-# put this path at 1.52x the full head and the sampler at 1 row, 1.11x at 2, 0.59x at 4 (the
-# per-row passes over [V] in torch).
-MAX_ROWS = 2
+# bench/sampled_head.py --top-p 0.95 --temperatures 1.0 (2-core EPYC without AMX, 2026-12-06,
+# with the row's head in C) put this path at 2.2x the full head and the sampler at 1 row, 1.9x
+# at 2, 1.54x at 3, 1.46x at 4, 1.16x at 6 (docs/img/sampled_head_topp_1206b.json).
+MAX_ROWS = 4
 # A row whose head holds less of exp(ub / T) is flat (random-token prompts at T 1: 0.3-0.9;
 # plain words 0.98-1.0 on Gemma 3): the full head draws it, and the request's next REPROBE
 # tokens without the envelope's pass.
