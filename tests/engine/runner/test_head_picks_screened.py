@@ -144,3 +144,24 @@ def test_top_p_rows_past_max_rows_take_the_full_head() -> None:
     )
     assert torch.equal(seen[0], rows[:n])
     assert screened.top_p.stats.rows == 0 and screened.stats.rows == n + 1
+
+
+def test_a_flat_top_p_requests_speculating_step_takes_the_full_head_without_a_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A top_p request whose rows were found flat drafts on: while it waits, its own and draft
+    rows go straight to the full head (no envelope pass on top of the head's)."""
+    _, head, seen, full_head = _setup(6)
+    monkeypatch.setattr(screened_top_p, "ROUTE_MIN_MASS", 1.01)  # every row is flat
+    screened = ScreenedSampler(head, seed=0)
+    req = _req("flat", top_p=0.9)
+    rows = torch.randn(3, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
+    grammars = GrammarMasks(lambda: "", 2000, ())
+    pick_tokens(rows[:1], [req], head, full_head, Sampler(0), grammars, screened)
+    assert screened.top_p.stats.routed == 1 and len(seen) == 1  # probed, then the full head
+    calls: list[int] = []
+    real = screened.env.envelope
+    monkeypatch.setattr(screened.env, "envelope", lambda *a, **k: calls.append(1) or real(*a, **k))
+    req.draft_token_ids.extend([7, 8])
+    picks = pick_tokens(rows, [req], head, full_head, Sampler(0), grammars, screened)
+    assert not calls and torch.equal(seen[1], rows) and len(picks.draft_tokens) == 2

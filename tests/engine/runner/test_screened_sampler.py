@@ -230,7 +230,7 @@ def test_a_flat_top_p_row_goes_to_the_full_head_for_a_while(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A row whose likeliest tokens hold too little of the mass comes back None, and its
-    request skips the envelope for its next REPROBE tokens."""
+    request skips the envelope for its next REPROBE tokens, then twice as many."""
     monkeypatch.setattr(screened_top_p, "ROUTE_MIN_MASS", 1.01)  # every row is flat
     _, head = _head()
     sampler = ScreenedSampler(head, seed=5)
@@ -244,5 +244,14 @@ def test_a_flat_top_p_row_goes_to_the_full_head_for_a_while(
     assert sampler.top_p(x, [req]) == [None]  # the same request, too soon: no envelope
     assert not calls and sampler.top_p.stats.routed == 1
     later = ScheduledRequest("r", [1], 0, [0], True, req.params, screened_top_p.REPROBE)
-    assert sampler.top_p(x, [later]) == [None]  # probed again
-    assert calls and sampler.top_p.stats.routed == 2
+    assert not sampler.takes(req) and sampler.takes(later)
+    assert sampler.top_p(x.expand(2, -1), [later, later]) == [None, None]  # one wait set
+    assert calls and sampler.top_p.stats.routed == 3
+    wait = 2 * screened_top_p.REPROBE
+    for at, waits in [
+        (screened_top_p.REPROBE + wait - 1, True),
+        (screened_top_p.REPROBE + wait, False),
+    ]:
+        assert (
+            sampler.top_p.waits(ScheduledRequest("r", [1], 0, [0], True, req.params, at)) == waits
+        )

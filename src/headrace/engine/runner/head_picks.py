@@ -27,7 +27,7 @@ import torch
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.sampler import Sampler
-from headrace.engine.runner.screened_sampler import ScreenedSampler, screened_row
+from headrace.engine.runner.screened_sampler import ScreenedSampler
 from headrace.engine.runner.structured import GrammarEnds, GrammarMasks
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
@@ -146,7 +146,7 @@ def _draw_screened(
     s = len(sampled)
     owners = [r for r in sampled for _ in r.draft_token_ids]
     reqs = {i: sampled[i] if i < s else owners[i - s] for i in own + drafts}
-    take = [i for i in own + drafts if screened_row(reqs[i], screened.vocab)]
+    take = [i for i in own + drafts if screened.takes(reqs[i])]
     if len(take) < screened.min_rows or (drafts and len(take) < len(own) + len(drafts)):
         return own, drafts
     done = set()

@@ -94,6 +94,13 @@ class ScreenedSampler:
         self.stats = ScreenStats()
         self.top_p = ScreenedTopP(self.env, self.weight, self.gen)
 
+    def takes(self, r: ScheduledRequest) -> bool:
+        """Whether r's row is this sampler's to draw now: `screened_row`, and not a top_p row
+        known to be flat for a while (screened_top_p.py)."""
+        if not screened_row(r, self.vocab):
+            return False
+        return not (_top_p_alone(r.params, self.vocab) and self.top_p.waits(r))
+
     def __call__(
         self, hidden: torch.Tensor, reqs: Sequence[ScheduledRequest], sampler: Sampler
     ) -> list[int | None]:

@@ -46,9 +46,11 @@ from headrace.kernels.screened_row import row_head, rows_dot
 MAX_ROWS = 4
 # A row whose head holds less of exp(ub / T) is flat (random-token prompts at T 1: 0.3-0.9;
 # plain words 0.98-1.0 on Gemma 3): the full head draws it, and the request's next REPROBE
-# tokens without the envelope's pass.
+# tokens without the envelope's pass; each further flat probe doubles the wait, up to
+# MAX_REPROBE (a flat context stays flat: a probe is an envelope's pass on top of the head's).
 ROUTE_MIN_MASS = 0.97
 REPROBE = 8
+MAX_REPROBE = 256
 RESCORE_FIRST = 2048
 PROPOSALS = 16  # per round, drawn together
 ROUNDS = 8
@@ -90,14 +92,19 @@ class ScreenedTopP:
         self.weight = weight  # [V, H] bf16, H padded as the envelope's x
         self.gen = gen
         self.stats = TopPStats()
-        self._flat: dict[str, int] = {}  # request id -> the output length to probe again at
+        # request id -> (the output length to probe again at, the wait that set it)
+        self._flat: dict[str, tuple[int, int]] = {}
+
+    def waits(self, r: ScheduledRequest) -> bool:
+        """Whether r's rows are flat for a while yet: the full head's, without a probe."""
+        return _at(r) < self._flat.get(r.request_id, (-1, 0))[0]
 
     def __call__(self, x: torch.Tensor, reqs: Sequence[ScheduledRequest]) -> list[int | None]:
         """x [R, H] fp32 padded rows whose requests have 0 < top_p < 1 (and pass
         screened_sampler.screened_row); None for a row the full head is to draw."""
         out: list[int | None] = [None] * len(reqs)
         self.stats.rows += len(reqs)
-        probe = [j for j, r in enumerate(reqs) if self._flat.get(r.request_id, -1) <= _at(r)]
+        probe = [j for j, r in enumerate(reqs) if not self.waits(r)]
         if len(self._flat) > 4096:  # finished requests' entries: forgetting one costs a probe
             self._flat.clear()
         if not probe:
@@ -109,12 +116,22 @@ class ScreenedTopP:
         for n, j in enumerate(probe):
             r = reqs[j]
             row = self._row(x[n], ub[n], lb[n], float(inv_t[n]))
-            if row is None:  # flat: the full head's, for REPROBE tokens
-                self._flat[r.request_id] = _at(r) + REPROBE
+            if row is None:  # flat: the full head's, for a while
+                self._wait(r)
                 self.stats.routed += 1
                 continue
+            self._flat.pop(r.request_id, None)
             out[j] = self._draw(row, r.params.top_p)
         return out
+
+    def _wait(self, r: ScheduledRequest) -> None:
+        """REPROBE tokens after a first flat probe, twice the last wait after another (a
+        speculating step's rows of one request probe together: they count once)."""
+        at, last = self._flat.get(r.request_id, (-1, 0))
+        if at > _at(r):
+            return
+        wait = min(2 * last, MAX_REPROBE) if last else REPROBE
+        self._flat[r.request_id] = (_at(r) + wait, wait)
 
     def _dots(self, x: torch.Tensor, tokens: torch.Tensor | None) -> torch.Tensor:
         """[n] fp32 logits x . w_t (x [H] fp32) of the tokens, or of the whole vocabulary: by
