@@ -26,6 +26,13 @@ class RunningSet:
         self.requests: list[Request] = []  # in rank order
         self.num_preemptions_total = 0
 
+    def lora_fits(self, req: Request) -> bool:
+        """A request of a LoRA adapter runs only while at most `max_loras` adapters do."""
+        if not req.lora_id:
+            return True
+        active = {r.lora_id for r in self.requests if r.lora_id}
+        return req.lora_id in active or len(active) < self.config.max_loras
+
     def add(self, req: Request) -> None:
         req.status = RequestStatus.RUNNING
         self.requests.append(req)

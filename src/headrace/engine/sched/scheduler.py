@@ -185,7 +185,7 @@ class Scheduler:
             req = self.admission.next_candidate(self.queue, now)
             if req is None or req.request_id in preempted:
                 break
-            if req.lora_id and (lora_full or not self._lora_fits(req)):
+            if req.lora_id and (lora_full or not self.run.lora_fits(req)):
                 lora_full = True  # no one overtakes it: its turn comes as adapters drain
                 self.queue.remove(req)
                 deferred.append(req)
@@ -197,7 +197,9 @@ class Scheduler:
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self._room_for(req, n):
-                refund = self._make_room(req, n, plan, preempted)
+                refund = None  # without priority preemption a request waits its turn
+                if self.admission.allows_priority_preemption:
+                    refund = self.run.make_room(req, n, plan, preempted)
                 if refund is None:
                     self.kv.release(req)
                     break
@@ -221,20 +223,6 @@ class Scheduler:
         if req.first_scheduled_time is None:
             req.first_scheduled_time = now
         self.run.add(req)
-
-    def _make_room(
-        self, req: Request, n: int, plan: dict[str, int], preempted: set[str]
-    ) -> int | None:
-        if not self.admission.allows_priority_preemption:
-            return None
-        return self.run.make_room(req, n, plan, preempted)
-
-    def _lora_fits(self, req: Request) -> bool:
-        """A request of a LoRA adapter runs only while at most `max_loras` adapters do."""
-        if not req.lora_id:
-            return True
-        active = {r.lora_id for r in self.running if r.lora_id}
-        return req.lora_id in active or len(active) < self.config.max_loras
 
     def _room_for(self, req: Request, n: int) -> bool:
         if len(self.running) >= self.config.seqs_limit:
