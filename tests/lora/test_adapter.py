@@ -17,7 +17,8 @@ from headrace.config import CacheConfig
 from headrace.engine.runner.model_runner import ModelRunner
 from headrace.engine.runner.runner_harness import greedy
 from headrace.loader.hf import load_model
-from headrace.lora.adapter import LoraError, read_adapter
+from headrace.lora.adapter import read_adapter
+from headrace.lora.names import LoraError
 
 
 @pytest.fixture(scope="module")

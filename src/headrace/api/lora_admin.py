@@ -24,7 +24,7 @@ from headrace.api.state import AppState, app_state
 from headrace.gateway.access import Scope
 from headrace.gateway.auth import key_from_headers
 from headrace.ledger.records import key_id
-from headrace.lora.adapter import LoraError, check_name
+from headrace.lora.names import LoraError, check_name
 from headrace.router.lora_fanout import lora_command
 
 router = APIRouter(tags=["internal"], responses=error_responses(400, 401, 404, 409))

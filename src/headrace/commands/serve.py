@@ -39,7 +39,7 @@ from headrace.gateway.reload import GatewayReloader
 from headrace.gateway.setup import connect_gateway, setup_gateway
 from headrace.ledger.setup import open_ledger
 from headrace.ledger.writer import Ledger
-from headrace.lora.adapter import check_name
+from headrace.lora.names import check_name
 from headrace.metrics.tracing import otlp_tracer
 from headrace.router.deploy import ModelSpec, parse_model_specs
 from headrace.router.metrics import RouterMetrics

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from headrace.lora.names import LoraError, check_name
+
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -29,13 +31,8 @@ _KEY = re.compile(
     + "|".join(PROJECTIONS)
     + r")\.lora_([AB])(?:\.default)?\.weight$"
 )
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 
 Site = tuple[int, str]  # (layer index, Hugging Face projection name)
-
-
-class LoraError(ValueError):
-    """An adapter that cannot be served: the message says which file and why."""
 
 
 @dataclass(frozen=True)
@@ -45,15 +42,6 @@ class LoraAdapter:
     rank: int
     scaling: float  # lora_alpha / r, or / sqrt(r) for rsLoRA
     weights: dict[Site, tuple[torch.Tensor, torch.Tensor]]  # A [r, in], B [out, r] (fp32)
-
-
-def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise LoraError(
-            f"adapter name {name!r}: 1-128 letters, digits or ._:/- (starting with a letter "
-            "or digit)"
-        )
-    return name
 
 
 def read_adapter(name: str, path: str | Path, max_rank: int) -> LoraAdapter:

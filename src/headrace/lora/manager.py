@@ -16,7 +16,8 @@ import torch
 
 from headrace.layers.linear import MergedLinear
 from headrace.layers.lora import LoraBatch, LoraDelta, Rows
-from headrace.lora.adapter import LoraAdapter, LoraError, read_adapter
+from headrace.lora.adapter import LoraAdapter, read_adapter
+from headrace.lora.names import LoraError
 from headrace.models.base import CausalLM
 
 log = logging.getLogger(__name__)
