@@ -143,9 +143,7 @@ def _draw_screened(
     """Draw the plain sampled rows of `own` and `drafts` from the int8 head (into `flat`); the
     rows left for the full head. Draft rows only when every row of the step can go (else the
     full head's pass is paid anyway, and the envelope's would come on top)."""
-    s = len(sampled)
-    owners = [r for r in sampled for _ in r.draft_token_ids]
-    reqs = {i: sampled[i] if i < s else owners[i - s] for i in own + drafts}
+    reqs = sampled + [r for r in sampled for _ in r.draft_token_ids]  # each row's request
     take = [i for i in own + drafts if screened.takes(reqs[i])]
     if len(take) < screened.min_rows or (drafts and len(take) < len(own) + len(drafts)):
         return own, drafts
