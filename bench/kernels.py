@@ -20,6 +20,10 @@
   the four layer shapes at 1-96 rows, each through 18 weights in turn (a step's layers: the
   weights come from memory, as in a real step, not from cache); ms per layer, the ratio is
   oneDNN time / kernel time;
+* decode matmuls on a GGUF's quantized blocks (kernels/block_linear.py: 1-byte codes and two
+  fp32 constants a block) vs the bf16 kernel above, on the four layer shapes with Gemma 3
+  270M's Q4_K_M block types (qkv and gate_up Q5_0, o Q4_K, down Q6_K) at 1-8 rows, 18 weights
+  in turn; ms per layer, the ratio is bf16 kernel time / blocks time;
 * the greedy head, [R, 640] hidden rows -> token ids over a 262144 x 640 bf16 head (random
   weights of Gemma's scale): the exact int8 head vs the bf16 oneDNN matmul + argmax kernel.
 
@@ -43,7 +47,7 @@ import forward  # noqa: E402  (beside this script)
 
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.step_inputs import build_step_inputs
-from headrace.kernels import bf16_linear, fused
+from headrace.kernels import bf16_linear, block_linear, fused
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_linear import Int8Linear
@@ -60,6 +64,7 @@ CAUSAL_LENGTHS = (128, 256, 384, 512, 1024, 2048)
 LAYER_SHAPES = {"qkv": (1536, 640), "o": (640, 1024), "gate_up": (4096, 640), "down": (640, 2048)}
 INT8_ROWS = (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 BF16_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96)
+BLOCK_TYPES = {"qkv": (32, 31), "o": (32, 15), "gate_up": (32, 31), "down": (16, 63)}
 LAYERS = 18
 
 
@@ -137,6 +142,33 @@ def bf16_cases(repeats: int) -> dict[str, dict[str, float]]:
             a = best_ms(lambda x=x, ws=onednn: [packed_linear(x, p, None) for p in ws], repeats)
             b = best_ms(lambda x=x, ws=small: [bf16_linear.linear(x, p, None) for p in ws], repeats)
             out[f"{name}_rows{r}"] = {"onednn_ms": a / LAYERS, "kernel_ms": b / LAYERS,
+                                      "ratio": a / b}  # fmt: skip
+    return out
+
+
+def block_cases(repeats: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for name, (n_out, n_in) in LAYER_SHAPES.items():
+        block, top = BLOCK_TYPES[name]
+        if not block_linear.supported(n_out, n_in, block):
+            return {"unavailable": {}}
+        parts = [
+            (
+                torch.randint(0, top + 1, (n_out, n_in), dtype=torch.uint8),
+                scale := torch.rand(n_out, n_in // block) * 0.01,
+                -scale * (top + 1) / 2,
+            )
+            for _ in range(LAYERS)
+        ]
+        small = [bf16_linear.pack(block_linear.dequantize(*p).bfloat16()) for p in parts]
+        packed = [block_linear.pack(*p) for p in parts]
+        for r in (1, 2, 3, 4, 6, 8):
+            x = torch.randn(r, n_in).bfloat16()
+            a = best_ms(lambda x=x, ws=small: [bf16_linear.linear(x, p, None) for p in ws], repeats)
+            b = best_ms(
+                lambda x=x, ws=packed: [block_linear.linear(x, p, None) for p in ws], repeats
+            )
+            out[f"{name}_rows{r}"] = {"bf16_ms": a / LAYERS, "blocks_ms": b / LAYERS,
                                       "ratio": a / b}  # fmt: skip
     return out
 
@@ -222,6 +254,7 @@ def main() -> None:
         "fused": lambda: fused_cases(args.repeats),
         "int8": lambda: int8_cases(args.repeats),
         "bf16": lambda: bf16_cases(max(5, args.repeats // 3)),
+        "blocks": lambda: block_cases(max(5, args.repeats // 3)),
         "head": lambda: head_cases([1, 2, 4, 8, 16, 32, 64, 128], max(5, args.repeats // 3)),
     }
     only = args.only.split(",") if args.only else list(cases)

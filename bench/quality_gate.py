@@ -3,6 +3,10 @@
 - Perplexity on a held-out English text shipped with the tests (`tests/data/heldout_gpl3.txt`,
   the GPL-3 licence text, ~7k tokens), in windows of `--window` tokens, each scored by one
   prefill through the paged-KV model path (every position's next-token log-probability).
+- Perplexity of decode-sized steps: the first `--decode-tokens` tokens of the same text, in the
+  same windows, scored `--decode-rows` tokens a step (each step attends to the window's earlier
+  tokens in the cache), as a decode step of that many rows computes them: the paths that serve
+  only small steps (`--gguf-blocks`, the bf16 decode matmul) are scored here, not by a prefill.
 - Greedy agreement on a fixed prompt set (`tests/data/gate_prompts.txt`, 200 sentence openings
   from other licence texts) × `--max-tokens` greedy tokens: the share of prompts whose output
   is identical to fp32's, and the mean share of tokens before the first difference.
@@ -22,7 +26,11 @@ speculative decoding off (its default: on while at most 4 requests run, engine.m
     .venv/bin/python bench/quality_gate.py --dtypes float32-nospec,bfloat16-nospec,bfloat16 \
         --max-num-seqs 4      # greedy agreement with drafts checked in chunks vs one by one
 
-`-int8` / `-noint8` set `--int8-matmuls on` / `off` for that setting (default: `auto`).
+`-int8` / `-noint8` set `--int8-matmuls on` / `off` for that setting (default: `auto`);
+`-noblocks` sets `--gguf-blocks off`.
+
+    .venv/bin/python bench/quality_gate.py --dtypes float32,bfloat16-noblocks,bfloat16 \
+        --max-num-seqs 4      # decode steps on the GGUF's own blocks vs its bf16 weights
 
     .venv/bin/python bench/quality_gate.py --dtypes float32,bfloat16-noint8,bfloat16-int8 \
         --max-num-seqs 4
@@ -50,8 +58,9 @@ from headrace.request import SamplingParams
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 
 
-def perplexity(llm: LLM, ids: list[int], window: int) -> tuple[float, int]:
-    """exp(mean NLL) over every position of `ids` scored in windows; returns (ppl, tokens)."""
+def perplexity(llm: LLM, ids: list[int], window: int, rows: int = 0) -> tuple[float, int]:
+    """exp(mean NLL) over every position of `ids` scored in windows, each in one step (`rows`
+    0) or in steps of `rows` tokens; returns (ppl, tokens)."""
     runner: Any = llm.core.runner
     nll, count = 0.0, 0
     for start in range(0, len(ids) - 1, window):
@@ -60,20 +69,30 @@ def perplexity(llm: LLM, ids: list[int], window: int) -> tuple[float, int]:
             break
         inputs, targets = chunk[:-1], torch.tensor(chunk[1:])
         blocks = list(range(math.ceil(len(inputs) / runner.block_size)))
-        req = ScheduledRequest("ppl", inputs, 0, blocks, True, SamplingParams(), 0)
         runner.kv_cache.prepare(blocks)
-        step = build_step_inputs(
-            [req], runner.block_size, runner.model.args.windows, runner.device, runner.dtype
-        )
-        with torch.inference_mode():
-            hidden = runner.model(step.input_ids, step.positions, runner.kv_cache.layers, step.meta)
-            for r0 in range(0, len(inputs), 128):  # [128, V] logits at a time: 262k vocab
-                logits = runner.model.compute_logits(hidden[r0 : r0 + 128]).float()
-                lp = torch.log_softmax(logits, dim=-1)
-                t = targets[r0 : r0 + 128].to(lp.device)
-                nll -= float(lp.gather(1, t[:, None]).sum())
-                count += len(t)
+        step = rows or len(inputs)
+        for at in range(0, len(inputs), step):
+            part = inputs[at : at + step]
+            req = ScheduledRequest("ppl", part, at, blocks, True, SamplingParams(), 0)
+            loss, n = _score(runner, req, targets[at : at + step])
+            nll, count = nll + loss, count + n
     return math.exp(nll / count), count
+
+
+def _score(runner: Any, req: ScheduledRequest, targets: torch.Tensor) -> tuple[float, int]:
+    """The step's summed NLL of `targets` and their count."""
+    step = build_step_inputs(
+        [req], runner.block_size, runner.model.args.windows, runner.device, runner.dtype
+    )
+    nll = 0.0
+    with torch.inference_mode():
+        hidden = runner.model(step.input_ids, step.positions, runner.kv_cache.layers, step.meta)
+        for r0 in range(0, len(targets), 128):  # [128, V] logits at a time: 262k vocab
+            logits = runner.model.compute_logits(hidden[r0 : r0 + 128]).float()
+            lp = torch.log_softmax(logits, dim=-1)
+            t = targets[r0 : r0 + 128].to(lp.device)
+            nll -= float(lp.gather(1, t[:, None]).sum())
+    return nll, len(targets)
 
 
 def greedy(llm: LLM, prompts: list[str], max_tokens: int) -> list[list[int]]:
@@ -103,6 +122,7 @@ def evaluate(dtype: str, args: argparse.Namespace, text: str, prompts: list[str]
             dtype=base,
             device="cpu",
             int8_matmuls="off" if "noint8" in flags else "on" if "int8" in flags else "auto",
+            gguf_blocks="off" if "noblocks" in flags else "auto",
             max_model_len=args.window + 64,
         ),
         CacheConfig(num_kv_blocks=2048),
@@ -117,11 +137,13 @@ def evaluate(dtype: str, args: argparse.Namespace, text: str, prompts: list[str]
     llm.core.runner.wait_greedy_head()  # every step of the run with the head it will have
     ids = llm.tokenizer.encode(text, add_special_tokens=True)
     ppl, n = perplexity(llm, ids, args.window)
+    decode_ppl, decode_n = perplexity(llm, ids[: args.decode_tokens], args.window, args.decode_rows)
     outputs = greedy(llm, prompts, args.max_tokens)
     if torch_paths:
         os.environ.pop("HEADRACE_CPU_KERNELS", None)
         cpu_kernels.cache_clear()
     return {"dtype": dtype, "perplexity": ppl, "scored_tokens": n, "outputs": outputs,
+            "decode_perplexity": decode_ppl, "decode_scored_tokens": decode_n,
             "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
 
 
@@ -133,6 +155,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=64, help="of the greedy generation")
+    p.add_argument("--decode-tokens", type=int, default=2048, help="scored in small steps")
+    p.add_argument("--decode-rows", type=int, default=1, help="tokens a step when so scored")
     p.add_argument("--out", type=Path, default=Path("bench/out/quality_gate"))
     args = p.parse_args()
     text = (DATA / "heldout_gpl3.txt").read_text()
@@ -145,8 +169,13 @@ def main() -> None:
             "dtype": r["dtype"], "perplexity": round(r["perplexity"], 4),
             "perplexity_vs_reference": round(r["perplexity"] / ref["perplexity"] - 1, 5),
             "scored_tokens": r["scored_tokens"], "prompts": len(prompts),
+            "decode_perplexity": round(r["decode_perplexity"], 4),
+            "decode_perplexity_vs_reference": round(
+                r["decode_perplexity"] / ref["decode_perplexity"] - 1, 5),
+            "decode_scored_tokens": r["decode_scored_tokens"],
             "max_tokens": args.max_tokens, **agreement(ref["outputs"], r["outputs"]),
-            "gate_ppl_within_1pct": r["perplexity"] <= ref["perplexity"] * 1.01,
+            "gate_ppl_within_1pct": r["perplexity"] <= ref["perplexity"] * 1.01
+            and r["decode_perplexity"] <= ref["decode_perplexity"] * 1.01,
             "seconds": r["seconds"],
         })  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ import headrace.layers.norm as norm  # noqa: E402
 import headrace.models.base as base  # noqa: E402
 from headrace.config import CacheConfig, ModelConfig  # noqa: E402
 from headrace.engine.runner.runner_harness import RunnerHarness  # noqa: E402
-from headrace.kernels import bf16_linear, fused  # noqa: E402
+from headrace.kernels import bf16_linear, block_linear, fused  # noqa: E402
 from headrace.kernels.int8_head import Int8GreedyHead  # noqa: E402
 from headrace.kernels.int8_linear import Int8Linear  # noqa: E402
 
@@ -55,6 +55,7 @@ def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 def instrument() -> None:
     linear.packed_linear = timed("layer matmuls", linear.packed_linear)
     bf16_linear.linear = timed("layer matmuls", bf16_linear.linear)
+    block_linear.linear = timed("layer matmuls (GGUF blocks)", block_linear.linear)
     Int8Linear.__call__ = timed("int8 layer matmuls", Int8Linear.__call__)  # type: ignore[method-assign]
     base.packed_linear = timed("head matmul", base.packed_linear)
     attention.paged_decode = timed("decode attention", attention.paged_decode)
@@ -106,11 +107,12 @@ def main() -> None:
     p.add_argument("--batches", default="1,32")
     p.add_argument("--context", type=int, default=300)
     p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--gguf-blocks", default="auto", help="auto | off")
     args = p.parse_args()
     instrument()
     batches = [int(b) for b in args.batches.split(",")]
     runner = model_runner.ModelRunner(
-        ModelConfig(dtype=args.dtype, device="cpu"),
+        ModelConfig(dtype=args.dtype, device="cpu", gguf_blocks=args.gguf_blocks),
         CacheConfig(block_size=16, num_kv_blocks=max(batches) * 30 + 512),
     )
     runner.wait_greedy_head()

@@ -9,6 +9,8 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
+from headrace.loader.gguf import unpermute
+
 HF_TO_GGUF = {
     "input_layernorm": "attn_norm",
     "self_attn.q_proj": "attn_q",
@@ -50,9 +52,12 @@ def gguf_name(hf: str, gemma: bool) -> str:
     return f"blk.{layer}.{names[module]}.{suffix}"
 
 
-def write_tiny_gguf(model: Any, arch: str, path: Path) -> None:
-    """Write `model` (tiny Llama or Gemma 3) as a GGUF; the embedding goes in as Q8_0, and
-    `model`'s embedding is replaced by its dequantized value so both sides hold the same."""
+def write_tiny_gguf(
+    model: Any, arch: str, path: Path, layers: GGMLQuantizationType | None = None
+) -> None:
+    """Write `model` (tiny Llama or Gemma 3) as a GGUF; the embedding goes in as Q8_0 (and the
+    layers' projections as `layers`, where given), and `model`'s tensors are replaced by their
+    dequantized values so both sides hold the same."""
     cfg = model.config
     gemma = arch == "gemma3"
     w = GGUFWriter(str(path), arch)
@@ -94,6 +99,14 @@ def write_tiny_gguf(model: Any, arch: str, path: Path) -> None:
             q8 = quantize(data, GGMLQuantizationType.Q8_0)
             tensor.copy_(_torch(dequantize(q8, GGMLQuantizationType.Q8_0)))
             w.add_tensor(gguf_name(name, gemma), q8, raw_dtype=GGMLQuantizationType.Q8_0)
+        elif layers is not None and "_proj.weight" in name:
+            packed = quantize(data, layers)
+            back = dequantize(packed, layers)
+            if not gemma and (".q_proj." in name or ".k_proj." in name):
+                heads = cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads
+                back = unpermute(back, heads)
+            tensor.copy_(_torch(back))
+            w.add_tensor(gguf_name(name, gemma), packed, raw_dtype=layers)
         elif name != "lm_head.weight" or not cfg.tie_word_embeddings:
             w.add_tensor(gguf_name(name, gemma), data)
     w.write_header_to_file()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +13,7 @@ import torch
 from headrace.kernels import (
     argmax,
     bf16_linear,
+    block_linear,
     build,
     fused,
     int8_envelope,
@@ -25,6 +26,7 @@ from headrace.kernels import (
 from kernels import (
     test_argmax,
     test_bf16_linear,
+    test_block_linear,
     test_fused,
     test_int8_envelope,
     test_int8_head,
@@ -37,34 +39,43 @@ from kernels import (
 # AVX2 only; AVX-512 without BF16 or VNNI; AVX-512 BF16 and VNNI without AMX
 MARCHES = ["x86-64-v3", "skylake-avx512", "cooperlake"]
 NEEDS = {"x86-64-v3": {"avx2"}, "skylake-avx512": {"avx512bw"}, "cooperlake": {"avx512_bf16"}}
+MODULES = (
+    argmax,
+    bf16_linear,
+    block_linear,
+    fused,
+    int8_envelope,
+    int8_head,
+    int8_linear,
+    int8_screen,
+    paged_decode,
+    screened_row,
+)
 
 
-@pytest.fixture(params=MARCHES)
-def portable(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[str]:
+@pytest.fixture(scope="module", params=MARCHES)
+def portable_lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The library built once per -march for the module (a build takes ~4 s)."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler")
     missing = NEEDS[request.param] - set(build._cpu_flags().split())
     if missing:
         pytest.skip(f"this CPU cannot run a {request.param} build (no {', '.join(missing)})")
-    monkeypatch.setenv("HEADRACE_CACHE", str(tmp_path))
     flags = [f"-march={request.param}" if f == "-march=native" else f for f in build.FLAGS]
-    lib = build.load(compiler, [f for f in flags if not f.startswith("-mprefer")])
-    for module in (
-        argmax,
-        bf16_linear,
-        fused,
-        int8_envelope,
-        int8_head,
-        int8_linear,
-        int8_screen,
-        paged_decode,
-        screened_row,
-    ):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HEADRACE_CACHE", str(tmp_path_factory.mktemp(request.param)))
+        return request.param, build.load(
+            compiler, [f for f in flags if not f.startswith("-mprefer")]
+        )
+
+
+@pytest.fixture
+def portable(portable_lib: tuple[str, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    march, lib = portable_lib
+    for module in MODULES:
         monkeypatch.setattr(module, "cpu_kernels", lambda lib=lib: lib)
-    yield request.param
+    yield march
 
 
 def test_paged_decode_portable(portable: str) -> None:
@@ -117,3 +128,13 @@ def test_screened_row_portable(portable: str) -> None:
     for case in test_screened_row.CASES:
         test_screened_row.test_the_head_is_the_likeliest_buckets_and_the_sums_agree(*case)
     test_screened_row.test_rows_dot_is_the_fp32_dot_of_the_chosen_rows(300)
+
+
+def test_block_linear_portable(portable: str) -> None:
+    if portable != "cooperlake":  # no AVX-512 BF16: the layers keep their bf16 weights
+        assert not block_linear.supported(64, 32, 32)
+        return
+    assert block_linear.supported(64, 32, 32)
+    for rows in (1, 3):
+        test_block_linear.test_every_row_count_is_one_rounding_from_the_blocks_weights(rows, 16, 63)
+    test_block_linear.test_bias_and_strided_rows()

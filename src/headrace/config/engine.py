@@ -22,6 +22,12 @@ class ModelConfig:
         "int8 layer matmuls (dynamic per-row activations) in steps of 32+ tokens: on | off | "
         "auto (on for bf16 on CPUs with int8 dot products, VNNI or AMX; docs/performance.md)",
     )
+    gguf_blocks: str = setting(
+        "auto",
+        "decode steps of 1-4 rows compute with a GGUF's own quantized blocks (Q4/Q5/Q6 types; "
+        "the file's weights exactly, at about half the bytes of bf16): auto (bf16 on CPUs with "
+        "AVX-512 BF16) | off (docs/performance.md)",
+    )
     deterministic: bool = setting(
         False,
         "batch-invariant greedy: a plain greedy request's tokens do not depend on its step's "
@@ -46,6 +52,8 @@ class ModelConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if self.int8_matmuls not in ("auto", "on", "off"):
             raise ValueError(f"unknown int8_matmuls {self.int8_matmuls!r}")
+        if self.gguf_blocks not in ("auto", "off"):
+            raise ValueError(f"unknown gguf_blocks {self.gguf_blocks!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"unknown device {self.device!r}")
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headrace.kernels import bf16_linear
+from headrace.kernels import bf16_linear, block_linear
 from headrace.kernels.int8_linear import Int8Linear
 from headrace.layers.lora import LoraDelta
 
@@ -97,6 +97,7 @@ class MergedLinear(nn.Module):
         self.packed: torch.Tensor | None = None
         self.small: torch.Tensor | None = None  # bf16_linear's layout, for decode-sized steps
         self.int8: Int8Linear | None = None
+        self.blocks: block_linear.BlockWeights | None = None  # a GGUF's own, for decode steps
         self.row_invariant = False  # every 2-D step through bf16_linear (make_row_invariant)
         self.lora: LoraDelta | None = None  # adapters' terms, where any adapter targets this
 
@@ -117,12 +118,28 @@ class MergedLinear(nn.Module):
             self.packed = None  # every 2-D step now takes one of the two (Gemma 3 270M: 129 MB)
         return self.int8 is not None
 
+    def use_blocks(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> bool:
+        """Take the weight's quantized blocks (codes [out, in] u8, scale and offset per block)
+        for steps of up to block_linear.MAX_ROWS rows; False where the kernel cannot serve
+        them. Only beside the bf16 decode kernel: the blocks replace what it does best."""
+        n, k = codes.shape
+        if (
+            self.small is None
+            or self.row_invariant
+            or (n, k) != tuple(self.weight.shape)
+            or not block_linear.supported(n, k, k // scale.shape[1])
+            or int(codes.max()) > block_linear.MAX_CODE
+        ):
+            return False
+        self.blocks = block_linear.pack(codes, scale, offset)
+        return True
+
     def make_row_invariant(self) -> bool:
         """Take bf16_linear for every row count: each output is one row's own fp32 sum in a
         fixed order, so a row's result does not depend on the step's size (oneDNN blocks its
         sums by the row count, and the int8 path starts at 32 rows). False where the kernel is
         unavailable."""
-        self.int8 = None
+        self.int8 = self.blocks = None
         self.row_invariant = self.small is not None
         return self.row_invariant
 
@@ -133,6 +150,8 @@ class MergedLinear(nn.Module):
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8 is not None and x.dim() == 2 and x.shape[0] >= INT8_MIN_ROWS:
             return self.int8(x, self.bias, padded_rows(x.shape[0]))
+        if self.blocks is not None and x.dim() == 2 and x.shape[0] <= block_linear.MAX_ROWS:
+            return block_linear.linear(x, self.blocks, self.bias)
         if self.small is not None and x.dim() == 2 and self._small_rows(x.shape[0]):
             return bf16_linear.linear(x, self.small, self.bias)
         if self.packed is not None:

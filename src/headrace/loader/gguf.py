@@ -1,5 +1,6 @@
 """Convert a GGUF file into a dense Hugging Face directory (config.json, model.safetensors,
-tokenizer.json, tokenizer_config.json) that `hf.load_model` then loads.
+tokenizer.json, tokenizer_config.json) that `hf.load_model` then loads, plus the layer
+weights' quantized blocks (BLOCKS_FILE, `gguf_blocks.py`) for decode steps that read them.
 
 Tensors are dequantized with `gguf.quants.dequantize` to float32 and renamed to transformers'
 names; llama.cpp's converter changes some on the way, which we undo as transformers does:
@@ -23,8 +24,10 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 
 from headrace.loader.errors import ModelLoadError
+from headrace.loader.gguf_blocks import block_form
 from headrace.loader.gguf_config import hf_config
 from headrace.loader.gguf_tokenizer import build_gguf_tokenizer
+from headrace.loader.hf import BLOCKS_FILE  # name.codes / .scale / .offset per layer weight
 
 log = logging.getLogger(__name__)
 
@@ -134,20 +137,27 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
     names = tuple(t.name for t in reader.tensors)
     cfg = hf_config(meta, names, str(path))
     tensors: dict[str, torch.Tensor] = {}
+    blocks: dict[str, torch.Tensor] = {}
     total = len(reader.tensors)
     for i, t in enumerate(reader.tensors):
         name = hf_name(t.name, arch)
         if name is None:
             continue
+        raw = np.asarray(t.data)
         try:
-            data = dequantize_f32(np.asarray(t.data), t.tensor_type)
+            data = dequantize_f32(raw, t.tensor_type)
         except Exception as e:
             raise ModelLoadError(f"{path}: cannot dequantize tensor {t.name!r}: {e}") from e
+        if name.startswith("model.layers.") and (form := block_form(raw, t.tensor_type, data)):
+            for part, array in zip(("codes", "scale", "offset"), form, strict=True):
+                array = convert_tensor(name, array, arch, cfg)  # the same rows as the weight
+                blocks[f"{name}.{part}"] = torch.from_numpy(np.ascontiguousarray(array))
         data = convert_tensor(name, data, arch, cfg)
         tensors[name] = torch.from_numpy(np.ascontiguousarray(data))
         if (i + 1) % max(1, total // 10) == 0 or i + 1 == total:
             log.info("dequantized %d/%d tensors", i + 1, total)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(blocks, str(out_dir / BLOCKS_FILE), metadata={"format": "pt"})
     tokenizer, tok_config = build_gguf_tokenizer(meta, str(path))
     tokenizer.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))

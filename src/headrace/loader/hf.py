@@ -19,6 +19,7 @@ from headrace.models.registry import MODELS, architecture_of, model_class
 
 log = logging.getLogger(__name__)
 INDEX = "model.safetensors.index.json"
+BLOCKS_FILE = "gguf_blocks.safetensors"  # a converted GGUF's quantized blocks (loader/gguf.py)
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
@@ -50,7 +51,7 @@ def safetensors_files(model_dir: Path) -> list[Path]:
             if not f.is_file():
                 raise ModelLoadError(f"{f}: missing shard named by {index}")
         return files
-    files = sorted(model_dir.glob("*.safetensors"))
+    files = sorted(p for p in model_dir.glob("*.safetensors") if p.name != BLOCKS_FILE)
     if not files:
         raise ModelLoadError(f"{model_dir}: no *.safetensors weights found")
     return files

@@ -86,14 +86,21 @@ class WeightLoader:
     def _missing(self, name: str) -> list[str]:
         """HF names of the parts of parameter `name` that no tensor filled."""
         module = self.model.get_submodule(name.rsplit(".", 1)[0])
-        if isinstance(module, MergedLinear) and len(module.out_sizes) > 1:
-            merged = name.split(".")[-2]
-            return [
-                name.replace(f".{merged}.", f".{_PART_NAMES[(merged, i)]}.")
-                for i in range(len(module.out_sizes))
-                if (name, i) not in self.filled
-            ]
+        parts = part_names(name, module)
+        if len(parts) > 1:
+            return [hf for i, hf in enumerate(parts) if (name, i) not in self.filled]
         return [] if (name, None) in self.filled else [name]
 
 
 _PART_NAMES = {target: hf for hf, target in STACKED.items()}
+
+
+def part_names(name: str, module: nn.Module) -> list[str]:
+    """The HF names of the tensors that parameter `name` of `module` is made of, in order."""
+    if isinstance(module, MergedLinear) and len(module.out_sizes) > 1:
+        merged = name.split(".")[-2]
+        return [
+            name.replace(f".{merged}.", f".{_PART_NAMES[(merged, i)]}.")
+            for i in range(len(module.out_sizes))
+        ]
+    return [name]

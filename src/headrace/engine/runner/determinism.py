@@ -1,5 +1,6 @@
-"""The load-time choice of a model's matmul paths: int8 where it pays, or, with
-`--deterministic`, one row-independent path for every step size.
+"""The load-time choice of a model's matmul paths: int8 where it pays, a GGUF's own quantized
+blocks for decode steps, or, with `--deterministic`, one row-independent path for every step
+size.
 
 What makes a greedy request's tokens depend on what shares its steps (measured on Gemma 3 270M
 in bf16, docs/engine.md): the int8 matmuls start at 32 rows per step, so a prompt's hidden states
@@ -13,14 +14,16 @@ own, in a fixed order) and lets every token attend as a decode of its own
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from headrace.config import ModelConfig
+from headrace.loader.blocks import attach_blocks
 from headrace.models.base import CausalLM
 
 log = logging.getLogger("headrace.engine.runner.model_runner")  # the runner's load-time lines
 
 
-def choose_matmuls(model: CausalLM, config: ModelConfig) -> None:
+def choose_matmuls(model: CausalLM, config: ModelConfig, model_dir: Path) -> None:
     if config.deterministic:
         switched, total = model.make_row_invariant()
         if switched < total:
@@ -32,6 +35,10 @@ def choose_matmuls(model: CausalLM, config: ModelConfig) -> None:
             )
         log.info("deterministic: int8 matmuls off, row-independent matmuls, per-token attention")
         return
+    if config.gguf_blocks == "auto":
+        used, total = attach_blocks(model, model_dir)
+        if used:
+            log.info("GGUF blocks: %d of %d projections, in steps of 1-4 tokens", used, total)
     if config.int8_matmuls == "off":
         return
     quantized = model.quantize_matmuls()

@@ -65,7 +65,7 @@ class ModelRunner:
         model_dir, name = resolve_model(model_config.model)
         cap = model_config.max_model_len or 1 << 40
         model, _ = load_model(model_dir, dtype, device, cap)
-        choose_matmuls(model, model_config)
+        choose_matmuls(model, model_config, model_dir)
         self._setup(
             model,
             model_dir,

@@ -1,0 +1,96 @@
+"""Decode-sized matmuls on a GGUF's own block-quantized weights (block_linear.c).
+
+A GGUF's Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K tensors hold each block of 16 or 32 weights of a row
+as `scale * code + offset` with small integer codes (`loader/gguf_blocks.py`). The bf16 path
+serves the dequantized weights rounded to bf16, two bytes each; this kernel reads the codes
+(one byte) and the block's two fp32 constants, and computes with the GGUF's weights exactly
+(each product exact in fp32, fp32 sums, one rounding of the output to bf16): closer to the
+fp32 path than the bf16 weights are. A decode step of a few rows reads its weights from
+memory, so fewer bytes are a faster step; from a few rows up the bf16 kernel's denser dot
+products win (`bench/kernels.py --only blocks`), so steps of up to MAX_ROWS rows take this.
+
+Shapes: x [M, K] bf16 (rows at any stride, unit inner stride) -> [M, N] bf16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from headrace.kernels.build import cpu_kernels
+
+MAX_ROWS = 4
+MAX_CODE = 127  # 0x4300 | code is the bf16 of 128 + code only below 128
+
+
+@dataclass(frozen=True)
+class BlockWeights:
+    """A weight [N, K] as the kernel reads it, one stream [N/64, K/block, 64 * block + 512] u8:
+    for each 64 channels and each block of inputs, the codes (pairs of inputs, 128 bytes a
+    pair, ordered for code_lines in block_linear.c), then the 64 scales and the 64 shifts
+    (offset - 128 * scale), fp32."""
+
+    data: torch.Tensor
+    shape: tuple[int, int]
+    block: int
+
+
+def supported(n: int, k: int, block: int) -> bool:
+    lib = cpu_kernels()
+    return (
+        n % 64 == 0
+        and block in (16, 32)
+        and k % block == 0
+        and lib is not None
+        and bool(lib.linear_blocks_supported())
+    )
+
+
+def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> BlockWeights:
+    """codes [N, K] u8 (each <= MAX_CODE), scale and offset [N, K / block] f32."""
+    n, k = codes.shape
+    kb = scale.shape[1]
+    block = k // kb
+    pairs = codes.reshape(n // 64, 64, kb, block // 2, 2).permute(0, 2, 3, 1, 4)
+    # [N/64, KB, pair, 64 channels, 2] -> each half of 32 channels as 64 bytes: lane l holds
+    # the pairs of channels 4l..4l+3 of its first 16 channels, then those of its second 16
+    halves = pairs.reshape(n // 64, kb, block // 2, 2, 2, 4, 8)
+    lines = halves.permute(0, 1, 2, 3, 5, 4, 6).reshape(n // 64, kb, 64 * block)
+    shift = (offset.double() - 128 * scale.double()).float()  # one rounding
+
+    def by_block(t: torch.Tensor) -> torch.Tensor:  # [N, KB] f32 -> [N/64, KB, 256] bytes
+        return t.float().reshape(n // 64, 64, kb).transpose(1, 2).contiguous().view(torch.uint8)
+
+    data = torch.cat([lines, by_block(scale), by_block(shift)], dim=2).contiguous()
+    return BlockWeights(data, (n, k), block)
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """The weights [N, K] the blocks stand for, in fp32."""
+    block = codes.shape[1] // scale.shape[1]
+    s = scale.repeat_interleave(block, dim=1)
+    return s * codes.float() + offset.repeat_interleave(block, dim=1)
+
+
+def linear(x: torch.Tensor, w: BlockWeights, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] -> x W^T (+ bias) [M, N], bf16."""
+    m, k = x.shape
+    n = w.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    lib = cpu_kernels()
+    assert lib is not None
+    lib.linear_blocks(
+        x.data_ptr(),
+        m,
+        k,
+        x.stride(0),
+        w.block,
+        w.data.data_ptr(),
+        n,
+        bias.data_ptr() if bias is not None else None,
+        y.data_ptr(),
+    )
+    return y
