@@ -20,6 +20,8 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch  # noqa: F401  (loaded first: the library then shares torch's OpenMP runtime)
@@ -105,12 +107,7 @@ def _compile(compiler: str, flags: list[str], target: Path) -> None:
     clear_temps(_digest_file(target))
     tmp, tmp_digest = temp_path(target), temp_path(_digest_file(target))
     try:
-        subprocess.run(
-            [compiler, *flags, "-o", str(tmp), *map(str, SOURCES), "-lm"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        _build_into(compiler, flags, tmp)
         tmp_digest.write_text(hashlib.sha256(tmp.read_bytes()).hexdigest())
         publish(tmp_digest, _digest_file(target))
         publish(tmp, target)  # a process that loaded the old file keeps it
@@ -118,6 +115,26 @@ def _compile(compiler: str, flags: list[str], target: Path) -> None:
         tmp.unlink(missing_ok=True)
         tmp_digest.unlink(missing_ok=True)
     log.info("built CPU kernels %s", target)
+
+
+def _build_into(compiler: str, flags: list[str], out: Path) -> None:
+    """Each source compiled on its own, all at once, then linked into `out`: 3.9 s in one
+    command on 2 cores, about half that so (a first start waits for it)."""
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        objects = [Path(tmp) / f"{source.stem}.o" for source in SOURCES]
+        per_file = [f for f in flags if f != "-shared"]
+
+        def compile_one(source: Path, obj: Path) -> None:
+            command = [compiler, *per_file, "-c", "-o", str(obj), str(source)]
+            subprocess.run(command, check=True, capture_output=True, timeout=120)
+
+        with ThreadPoolExecutor(max_workers=len(SOURCES)) as pool:
+            for done in [
+                pool.submit(compile_one, s, o) for s, o in zip(SOURCES, objects, strict=True)
+            ]:
+                done.result()  # the first failure raises
+        command = [compiler, *flags, "-o", str(out), *map(str, objects), "-lm"]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
 
 
 def _digest_file(target: Path) -> Path:
