@@ -1,31 +1,18 @@
-"""The real embedded Gemma 3 270M behind `headrace serve`: its chat template, streaming."""
+"""The real embedded Gemma 3 270M behind `headrace serve` (the suite's shared `gemma_server`,
+tests/api/conftest.py): its chat template, streaming."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
-from factories import Server, start_server
+from factories import Server
 
 pytestmark = pytest.mark.gemma
 
 QUESTION = "Name three colours of the rainbow."
 # Gemma 3's chat format, as its template renders one user turn (BOS is added by the tokenizer)
 GEMMA_CHAT_PROMPT = f"<start_of_turn>user\n{QUESTION}<end_of_turn>\n<start_of_turn>model\n"
-
-
-@pytest.fixture(scope="module")
-def gemma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    args = ["--max-model-len", "512", "--max-num-seqs", "4", "--log-level", "warning"]
-    server = start_server(args, tmp_path_factory.mktemp("gemma"))
-    try:
-        server.wait_ready(timeout=300)
-        yield server
-    finally:
-        code = server.stop()
-    assert code == 0, server.log()
 
 
 def test_chat_streams_through_gemma_template(gemma_server: Server) -> None:
