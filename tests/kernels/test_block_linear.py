@@ -86,5 +86,6 @@ def test_the_layer_takes_the_blocks_for_steps_of_up_to_max_rows(
     # codes past 7 bits, shapes the kernel cannot tile, or a row-invariant layer: no blocks
     assert not layer.use_blocks(codes | 128, scale, offset)
     assert not layer.use_blocks(codes[:, :250], scale[:, :5], offset[:, :5])
+    assert not layer.use_blocks(codes, scale, offset[:, :4])  # a malformed blocks file
     layer.make_row_invariant()
     assert layer.blocks is None and not layer.use_blocks(codes, scale, offset)

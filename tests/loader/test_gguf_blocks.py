@@ -4,6 +4,7 @@ projections take them."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,11 @@ def test_types_without_the_form() -> None:
     raw = quantize(data, Q.Q8_0)  # signed 8-bit codes: past the kernel's 7 bits
     assert block_form(raw, Q.Q8_0, dequantize_f32(raw, Q.Q8_0)) is None
     assert block_form(data, Q.F32, data) is None
+    raw = quantize(data, Q.Q5_0)
+    raw[0, :2] = np.array([np.nan], dtype=np.float16).view(np.uint8)  # a broken block header
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert block_form(raw, Q.Q5_0, dequantize_f32(raw, Q.Q5_0)) is None
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

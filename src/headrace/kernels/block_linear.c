@@ -114,11 +114,12 @@ static void block_rows(const uint16_t *x, int64_t xs, int64_t K, int64_t B, cons
     }
 }
 
-void linear_blocks(const uint16_t *x, int64_t M, int64_t K, int64_t xs, int64_t B,
-                   const uint8_t *wp, int64_t N, const uint16_t *bias, uint16_t *y) {
+/* 0, or -1 where the row sums' buffer could not be had (y not written). */
+int linear_blocks(const uint16_t *x, int64_t M, int64_t K, int64_t xs, int64_t B,
+                  const uint8_t *wp, int64_t N, const uint16_t *bias, uint16_t *y) {
     const int64_t KB = K / B, blocks = N / 64, size = KB * (64 * B + 512);
     float *sx = malloc(sizeof(float) * (size_t)(M * KB)); /* each row's sum over each block */
-    if (!sx) return;
+    if (!sx) return -1;
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < KB; b++) {
             float s = 0.0f;
@@ -136,11 +137,13 @@ void linear_blocks(const uint16_t *x, int64_t M, int64_t K, int64_t xs, int64_t 
         block_rows(x, xs, K, B, p, sx, next, blk * 64, 0, M, N, bias, y);
     }
     free(sx);
+    return 0;
 }
 #else
 int linear_blocks_supported(void) { return 0; }
-void linear_blocks(const uint16_t *x, int64_t M, int64_t K, int64_t xs, int64_t B,
-                   const uint8_t *wp, int64_t N, const uint16_t *bias, uint16_t *y) {
+int linear_blocks(const uint16_t *x, int64_t M, int64_t K, int64_t xs, int64_t B,
+                  const uint8_t *wp, int64_t N, const uint16_t *bias, uint16_t *y) {
     (void)x, (void)M, (void)K, (void)xs, (void)B, (void)wp, (void)N, (void)bias, (void)y;
+    return -1;
 }
 #endif

@@ -4,8 +4,9 @@ A GGUF's Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K tensors hold each block of 16 or 32 we
 as `scale * code + offset` with small integer codes (`loader/gguf_blocks.py`). The bf16 path
 serves the dequantized weights rounded to bf16, two bytes each; this kernel reads the codes
 (one byte) and the block's two fp32 constants, and computes with the GGUF's weights exactly
-(each product exact in fp32, fp32 sums, one rounding of the output to bf16): closer to the
-fp32 path than the bf16 weights are. A decode step of a few rows reads its weights from
+(each product exact in fp32, fp32 sums, one rounding of the output to bf16; the block's
+`128 * sum x` term, added and taken off again, costs about 2^-16 of `scale * sum |x|`): closer
+to the fp32 path than the bf16 weights are. A decode step of a few rows reads its weights from
 memory, so fewer bytes are a faster step; from a few rows up the bf16 kernel's denser dot
 products win (`bench/kernels.py --only blocks`), so steps of up to MAX_ROWS rows take this.
 
@@ -82,7 +83,7 @@ def linear(x: torch.Tensor, w: BlockWeights, bias: torch.Tensor | None) -> torch
     y = torch.empty(m, n, dtype=torch.bfloat16)
     lib = cpu_kernels()
     assert lib is not None
-    lib.linear_blocks(
+    failed = lib.linear_blocks(
         x.data_ptr(),
         m,
         k,
@@ -93,4 +94,6 @@ def linear(x: torch.Tensor, w: BlockWeights, bias: torch.Tensor | None) -> torch
         bias.data_ptr() if bias is not None else None,
         y.data_ptr(),
     )
+    if failed:
+        raise MemoryError(f"block_linear: no memory for {m} x {k // w.block} row sums")
     return y

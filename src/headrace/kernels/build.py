@@ -168,7 +168,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.linear_bf16.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR, PTR]
     lib.linear_bf16.restype = None
     lib.linear_blocks.argtypes = [PTR, I64, I64, I64, I64, PTR, I64, PTR, PTR]
-    lib.linear_blocks.restype = None
+    lib.linear_blocks.restype = ctypes.c_int
     for name in ("head_q8_vnni", "head_q8_amx", "linear_bf16_supported", "linear_blocks_supported"):
         fn = getattr(lib, name)
         fn.argtypes = []

@@ -123,11 +123,16 @@ class MergedLinear(nn.Module):
         for steps of up to block_linear.MAX_ROWS rows; False where the kernel cannot serve
         them. Only beside the bf16 decode kernel: the blocks replace what it does best."""
         n, k = codes.shape
+        blocks = scale.shape[1] if scale.dim() == 2 else 0
         if (
             self.small is None
+            or blocks == 0
+            or scale.shape != (n, blocks)
+            or offset.shape != scale.shape
+            or k % blocks
             or self.row_invariant
             or (n, k) != tuple(self.weight.shape)
-            or not block_linear.supported(n, k, k // scale.shape[1])
+            or not block_linear.supported(n, k, k // blocks)
             or int(codes.max()) > block_linear.MAX_CODE
         ):
             return False

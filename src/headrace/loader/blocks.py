@@ -27,14 +27,14 @@ def attach_blocks(model: CausalLM, model_dir: Path) -> tuple[int, int]:
         if isinstance(m, MergedLinear) and n.startswith("model.layers.")
     ]
     path = model_dir / BLOCKS_FILE
-    if not path.is_file():
-        return 0, len(linears)
+    if not path.is_file() or all(m.small is None for _, m in linears):
+        return 0, len(linears)  # no file, or no bf16 decode kernel here (fp32, CUDA, ...)
     used = 0
     with safe_open(str(path), framework="pt") as f:
         stored = set(f.keys())  # noqa: SIM118 - safe_open is not a mapping
         for name, module in linears:
             parts = part_names(f"{name}.weight", module)
-            if not all(f"{p}.{k}" in stored for p in parts for k in PARTS):
+            if module.small is None or not all(f"{p}.{k}" in stored for p in parts for k in PARTS):
                 continue
             codes, scale, offset = ([f.get_tensor(f"{p}.{k}") for p in parts] for k in PARTS)
             if len({c.shape[1] // s.shape[1] for c, s in zip(codes, scale, strict=True)}) > 1:

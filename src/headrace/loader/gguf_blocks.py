@@ -60,8 +60,8 @@ def block_form(raw: np.ndarray, kind: Q, values: np.ndarray) -> Blocks | None:
     wide_s, wide_o = np.repeat(scale, sub, axis=1), np.repeat(offset, sub, axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(wide_s != 0, np.rint((values - wide_o) / wide_s), 0)
-    if q.min() < 0 or q.max() > 127:
-        return None
+    if not np.isfinite(q).all() or q.min() < 0 or q.max() > 127:
+        return None  # a header's NaN / inf, or codes past 7 bits
     codes = q.astype(np.uint8)
     if not np.array_equal(wide_s * codes.astype(np.float32) + wide_o, values):
         return None
