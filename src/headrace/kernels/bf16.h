@@ -42,4 +42,19 @@ static inline __m512 bf16_load16(const uint16_t *p) {
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+/* The decode matmuls' output (bf16_linear.c, block_linear.c): 16 channels' fp32 sums plus the
+ * bias, rounded to bf16 once. */
+static inline void store16(uint16_t *y, __m512 v, const uint16_t *bias) {
+    if (bias) v = _mm512_add_ps(v, bf16_load16(bias));
+    _mm256_storeu_si256((__m256i *)y, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+/* A tile's 4 groups x MB rows of acc into y [M, N] at rows m0.., channels n0.. */
+#define STORE_TILE(MB)                                                                         \
+    for (int g = 0; g < 4; g++)                                                                \
+        for (int m = 0; m < MB; m++)                                                           \
+            store16(y + (m0 + m) * N + n0 + g * 16, acc[g][m], bias ? bias + n0 + g * 16 : NULL);
+#endif
+
 #endif

@@ -47,16 +47,6 @@ DEFINE_TILE(tile_m4, 4)
 DEFINE_TILE(tile_m2, 2)
 DEFINE_TILE(tile_m1, 1)
 
-static inline void store16(uint16_t *y, __m512 v, const uint16_t *bias) {
-    if (bias) v = _mm512_add_ps(v, bf16_load16(bias));
-    _mm256_storeu_si256((__m256i *)y, (__m256i)_mm512_cvtneps_pbh(v));
-}
-
-#define STORE_TILE(MB)                                                                         \
-    for (int g = 0; g < 4; g++)                                                                \
-        for (int m = 0; m < MB; m++)                                                           \
-            store16(y + (m0 + m) * N + n0 + g * 16, acc[g][m], bias ? bias + n0 + g * 16 : NULL);
-
 /* Rows m0..m1 of the block of channels n0..n0+63 (p: its packed weights, next: the next
  * block's, fetched over the passes). */
 static void block_rows(const uint16_t *x, int64_t xs, int64_t K, const uint16_t *p,
