@@ -15,13 +15,20 @@
 #include "bf16.h"
 #include "fast_exp.h"
 
+/* Elements below which the elementwise kernels stay on the calling thread (a decode step of up
+ * to about a dozen rows): a decode row of 640-2,048 values takes 1-2 us, a fork-join of the
+ * thread pool 2-20 us more, and 20-75 us where another process holds the other core (an
+ * RMSNorm of one row measured 2.2 us alone against 20-77 us through the pool, with a test run
+ * beside it); a server's front end shares the engine's cores. */
+#define PARALLEL_MIN 8192
+
 /* Greedy pick: x [R, V] -> idx [R], the first index of each row's maximum, as torch.argmax
  * (a NaN counts as the maximum, as in torch). Blocks of 1024: a vectorised max per block, and
  * a scan for its index only where a block beats the best so far. */
 #define ARGMAX_BLOCK 1024
 #define DEFINE_ARGMAX(NAME, T, LOAD)                                                          \
     void NAME(const T *x, int64_t R, int64_t V, int64_t *idx) {                              \
-        _Pragma("omp parallel for schedule(static)")                                         \
+        _Pragma("omp parallel for schedule(static) if (R > 1)")                              \
         for (int64_t r = 0; r < R; r++) {                                                    \
             const T *row = x + r * V;                                                        \
             float best = -INFINITY;                                                          \
@@ -99,7 +106,7 @@ static inline __m512 act16(__m512 x, int act) {
  * the merged [gate | up] projection. act: 0 = gelu (tanh approximation), 1 = silu. */
 void act_mul_bf16(const uint16_t *gate_up, int64_t T, int64_t I, int64_t stride, int act,
                   uint16_t *out) {
-    _Pragma("omp parallel for schedule(static)")
+    _Pragma("omp parallel for schedule(static) if (T * I >= PARALLEL_MIN)")
     for (int64_t t = 0; t < T; t++) {
         const uint16_t *g = gate_up + t * stride, *u = g + I;
         uint16_t *o = out + t * I;
@@ -128,7 +135,7 @@ void act_mul_bf16(const uint16_t *gate_up, int64_t T, int64_t I, int64_t stride,
 void rope_bf16(const uint16_t *x, int64_t T, int64_t H, int64_t D, int64_t stride,
                const uint16_t *cos, const uint16_t *sin, int64_t R, uint16_t *out) {
     const int64_t half = R / 2;
-    _Pragma("omp parallel for schedule(static)")
+    _Pragma("omp parallel for schedule(static) if (T * H * D >= PARALLEL_MIN)")
     for (int64_t r = 0; r < T * H; r++) {
         const int64_t t = r / H;
         const uint16_t *xr = x + t * stride + (r % H) * D, *c = cos + t * R, *s = sin + t * R;
@@ -164,7 +171,7 @@ void rope_bf16(const uint16_t *x, int64_t T, int64_t H, int64_t D, int64_t strid
 void rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t D, int64_t inner, int64_t outer,
                    const float *scale, int64_t scale_rows, int cast_first, float eps,
                    const uint16_t *residual, uint16_t *out) {
-    _Pragma("omp parallel for schedule(static)")
+    _Pragma("omp parallel for schedule(static) if (rows * D >= PARALLEL_MIN)")
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *xr = x + (r / inner) * outer + (r % inner) * D;
         const float *sr = scale + (r % scale_rows) * D;
@@ -208,7 +215,7 @@ void rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t D, int64_t inner, in
 #define DEFINE_TOKEN_MASK(NAME, T, NEG_INF)                                                    \
     void NAME(T *x, int64_t V, const int64_t *rows, int64_t R, const int32_t *mask,            \
               int64_t W) {                                                                     \
-        _Pragma("omp parallel for schedule(static)")                                          \
+        _Pragma("omp parallel for schedule(static) if (R > 1)")                               \
         for (int64_t k = 0; k < R; k++) {                                                     \
             T *row = x + rows[k] * V;                                                         \
             const int32_t *m = mask + k * W;                                                  \

@@ -174,7 +174,8 @@ static void softmax_rows(float *s, int64_t n, int64_t G, float *inv) {
         const int64_t G = Hq / Hkv;                                                          \
         const int fast = FAST_OK(G, D);                                                      \
         int failed = 0;                                                                      \
-        _Pragma("omp parallel for schedule(dynamic, 1) reduction(| : failed)")              \
+        /* one task (a 1-row step of a model with one KV head): no thread pool to wake */    \
+        _Pragma("omp parallel for schedule(dynamic, 1) reduction(| : failed) if (B * Hkv > 1)") \
         for (int64_t task = 0; task < B * Hkv; task++) {                                     \
             const int64_t b = task / Hkv, h = task % Hkv, n = hi[b] - lo[b];                 \
             float *qf = malloc(sizeof(float) * (size_t)(2 * G * D + G * n + G) +             \
