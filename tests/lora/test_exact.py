@@ -14,6 +14,7 @@ from factories.lora import make_adapter
 from headrace.config import CacheConfig
 from headrace.engine.runner.model_runner import ModelRunner
 from headrace.engine.runner.runner_harness import GREEDY, RunnerHarness, greedy
+from headrace.layers.lora import GATHER_MIN_GROUPS, LoraDelta
 from headrace.loader.hf import load_model
 from headrace.request import SamplingParams
 
@@ -100,3 +101,37 @@ def test_sampled_and_greedy_mixed_give_what_they_give_alone(tmp_path: Path) -> N
     alone = {rid: out for case in cases for rid, out in run([case]).items()}
     assert run(cases) == alone
     assert len({tuple(out) for out in alone.values()}) == len(cases)
+
+
+def test_many_adapters_in_one_step_give_what_each_gives_alone(tmp_path: Path) -> None:
+    """From GATHER_MIN_GROUPS adapters in a step their terms come from two batched matmuls over
+    gathered weights (layers/lora.py); each request still gets its own adapter's tokens:
+    ranks 2-16 padded to one, adapters that skip the attention or the MLP, base rows between."""
+    base_dir = tmp_path / "base"
+    make_tiny("llama", base_dir)
+    model, _ = load_model(base_dir, torch.float32, torch.device("cpu"), 512)
+    runner = ModelRunner.from_parts(model, base_dir, CacheConfig(block_size=4, num_kv_blocks=1024))
+    count = GATHER_MIN_GROUPS + 2
+    ids = []
+    for i in range(count):
+        targets = ("q_proj", "v_proj", "o_proj") if i % 3 == 1 else ("gate_proj", "down_proj")
+        targets = targets if i % 3 else ("q_proj", "k_proj", "up_proj", "down_proj")
+        make_adapter(base_dir, tmp_path / f"a{i}", i + 1, r=2 + i * 14 // count, targets=targets)
+        ids.append(runner.loras.load(f"a{i}", tmp_path / f"a{i}"))
+    lora_ids = [0, *ids, 0]
+    ps = prompts(8) + prompts(len(lora_ids) - 8, seed=2)
+    alone = [
+        greedy(runner, [p], NEW_TOKENS, lora_ids=[i])[0] for p, i in zip(ps, lora_ids, strict=True)
+    ]
+    assert len({tuple(t) for t in alone}) == len(alone)  # every adapter says something else
+    calls = []
+    real = LoraDelta._add_gathered
+
+    def spy(self: LoraDelta, *args: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return real(self, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LoraDelta, "_add_gathered", spy)
+        assert greedy(runner, ps, NEW_TOKENS, lora_ids=lora_ids) == alone
+    assert calls  # the batch did take the gathered path

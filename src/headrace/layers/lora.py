@@ -1,10 +1,17 @@
-"""The LoRA term of one projection, per row segment of a mixed batch (Punica's SGMV, in torch).
+"""The LoRA term of one projection, per row segment of a mixed batch (Punica's SGMV and BGMV,
+in torch).
 
 A step's rows belong to requests of the base model and of several adapters. The runner sets
 `LoraBatch.groups` before each forward: for each adapter in the step, its rows (a slice when
 they are contiguous, as they are for one request, else an index). Every LoRA'd projection then
 adds `(x[rows] @ A) @ B` to its output rows, B already scaled by the adapter's alpha / r; the
 base rows cost nothing.
+
+With many adapters in one step (GATHER_MIN_GROUPS or more: decode rows of as many tenants'
+fine-tunes), two matmuls per adapter per projection cost more in calls than in arithmetic
+(32 adapters of Gemma 3 270M: 8,064 matmuls a step, 4.5x a plain step). Then each row's A and B
+are gathered from the projection's stack of every adapter (zero-padded to the largest rank:
+the padding adds exact zeros) and two batched matmuls compute every row's term at once.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import torch
 
 Rows = slice | torch.Tensor  # contiguous rows, or an int64 index [n]
+GATHER_MIN_GROUPS = 8
 
 
 class LoraBatch:
@@ -20,6 +28,12 @@ class LoraBatch:
 
     def __init__(self) -> None:
         self.groups: list[tuple[int, Rows]] = []  # (adapter id, its rows)
+        # with GATHER_MIN_GROUPS groups or more: every adapter row's index [n] and adapter id
+        # [n], group by group (set_rows)
+        self.gathered: tuple[torch.Tensor, torch.Tensor] | None = None
+        # this step's (rows, slots) per set of stacked adapters: the projections of one set
+        # (every projection, for adapters on all seven) share them
+        self.slots: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 class LoraDelta:
@@ -29,9 +43,15 @@ class LoraDelta:
         self.batch = batch
         # adapter id -> A [in, R], B [R, sum(out)] (zero where a merged part has no LoRA)
         self.weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # the stack for gathering, built for the adapters of `weights` at the time (ids are
+        # never reused, so the ids name the stack): ids, slot of each id [max id + 1] (-1: not
+        # here), A [S, in, R], B [S, R, out]
+        self._stack: tuple[tuple[int, ...], torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y [T, out] += the LoRA term of every row whose adapter touches this projection."""
+        if self.batch.gathered is not None:
+            return self._add_gathered(x, y, *self.batch.gathered)
         for adapter_id, rows in self.batch.groups:
             w = self.weights.get(adapter_id)
             if w is None:
@@ -42,3 +62,35 @@ class LoraDelta:
             else:
                 y.index_add_(0, rows, (x.index_select(0, rows) @ a) @ b)
         return y
+
+    def _add_gathered(
+        self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        stacked, slot_of, a_all, b_all = self._stacked()
+        if stacked not in self.batch.slots:
+            slots = slot_of[ids.clamp(max=len(slot_of) - 1)]
+            slots = torch.where(ids < len(slot_of), slots, -1)
+            here = slots >= 0  # not: rows of adapters that do not touch this projection
+            self.batch.slots[stacked] = (
+                (rows, slots) if bool(here.all()) else (rows[here], slots[here])
+            )
+        rows, slots = self.batch.slots[stacked]
+        a, b = a_all.index_select(0, slots), b_all.index_select(0, slots)  # [n, in, R], [n, R, out]
+        term = torch.bmm(torch.bmm(x.index_select(0, rows).unsqueeze(1), a), b)  # [n, 1, out]
+        return y.index_add_(0, rows, term.squeeze(1))
+
+    def _stacked(self) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids = tuple(self.weights)
+        if self._stack is None or self._stack[0] != ids:
+            pairs = list(self.weights.values())
+            a0, b0 = pairs[0]
+            rank = max(a.shape[1] for a, _ in pairs)
+            a_all = a0.new_zeros(len(pairs), a0.shape[0], rank)
+            b_all = b0.new_zeros(len(pairs), rank, b0.shape[1])
+            for slot, (a, b) in enumerate(pairs):
+                a_all[slot, :, : a.shape[1]] = a
+                b_all[slot, : b.shape[0]] = b
+            slot_of = torch.full((max(ids) + 1,), -1, dtype=torch.int64, device=a0.device)
+            slot_of[list(ids)] = torch.arange(len(ids), device=a0.device)
+            self._stack = (ids, slot_of, a_all, b_all)
+        return self._stack

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from headrace.layers.linear import MergedLinear
-from headrace.layers.lora import LoraBatch, LoraDelta, Rows
+from headrace.layers.lora import GATHER_MIN_GROUPS, LoraBatch, LoraDelta, Rows
 from headrace.lora.adapter import LoraAdapter, read_adapter
 from headrace.lora.names import LoraError
 from headrace.models.base import CausalLM
@@ -87,6 +87,8 @@ class LoraManager:
             by_id.setdefault(adapter_id, []).append((start, end))
         device = self.model.embed_weight.device
         self.batch.groups = [(i, _rows(spans, device)) for i, spans in by_id.items()]
+        self.batch.gathered = _gathered(by_id, device) if len(by_id) >= GATHER_MIN_GROUPS else None
+        self.batch.slots = {}
 
     def _plan(self, adapter: LoraAdapter) -> Planned:
         """Each targeted projection's A [in, R] and scaled B [R, out], checked against the
@@ -131,3 +133,15 @@ def _rows(spans: list[tuple[int, int]], device: torch.device) -> Rows:
         return slice(*spans[0])
     index = torch.cat([torch.arange(s, e, dtype=torch.int64) for s, e in spans])
     return index.to(device)
+
+
+def _gathered(
+    by_id: dict[int, list[tuple[int, int]]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every adapter row's index and its adapter's id, group by group (LoraBatch.gathered)."""
+    rows = [r for spans in by_id.values() for s, e in spans for r in range(s, e)]
+    ids = [i for i, spans in by_id.items() for s, e in spans for _ in range(s, e)]
+    return (
+        torch.tensor(rows, dtype=torch.int64, device=device),
+        torch.tensor(ids, dtype=torch.int64, device=device),
+    )
