@@ -28,9 +28,9 @@ class LoraBatch:
 
     def __init__(self) -> None:
         self.groups: list[tuple[int, Rows]] = []  # (adapter id, its rows)
-        # with GATHER_MIN_GROUPS groups or more: every adapter row's index [n] and adapter id
-        # [n], group by group (set_rows)
-        self.gathered: tuple[torch.Tensor, torch.Tensor] | None = None
+        # with GATHER_MIN_GROUPS groups or more: every adapter row's index [n] and its
+        # adapter's id, group by group (set_rows)
+        self.gathered: tuple[torch.Tensor, list[int]] | None = None
         # this step's (rows, slots) per set of stacked adapters: the projections of one set
         # (every projection, for adapters on all seven) share them
         self.slots: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -44,9 +44,8 @@ class LoraDelta:
         # adapter id -> A [in, R], B [R, sum(out)] (zero where a merged part has no LoRA)
         self.weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         # the stack for gathering, built for the adapters of `weights` at the time (ids are
-        # never reused, so the ids name the stack): ids, slot of each id [max id + 1] (-1: not
-        # here), A [S, in, R], B [S, R, out]
-        self._stack: tuple[tuple[int, ...], torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # never reused, so the ids name the stack): ids, A [S, in, R], B [S, R, out]
+        self._stack: tuple[tuple[int, ...], torch.Tensor, torch.Tensor] | None = None
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y [T, out] += the LoRA term of every row whose adapter touches this projection."""
@@ -64,22 +63,20 @@ class LoraDelta:
         return y
 
     def _add_gathered(
-        self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor
+        self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, ids: list[int]
     ) -> torch.Tensor:
-        stacked, slot_of, a_all, b_all = self._stacked()
+        stacked, a_all, b_all = self._stacked()
         if stacked not in self.batch.slots:
-            slots = slot_of[ids.clamp(max=len(slot_of) - 1)]
-            slots = torch.where(ids < len(slot_of), slots, -1)
-            here = slots >= 0  # not: rows of adapters that do not touch this projection
-            self.batch.slots[stacked] = (
-                (rows, slots) if bool(here.all()) else (rows[here], slots[here])
-            )
+            slot = {adapter_id: i for i, adapter_id in enumerate(stacked)}
+            keep = [k for k, i in enumerate(ids) if i in slot]  # adapters on this projection
+            slots = torch.tensor([slot[ids[k]] for k in keep], device=rows.device)
+            self.batch.slots[stacked] = (rows if len(keep) == len(ids) else rows[keep], slots)
         rows, slots = self.batch.slots[stacked]
         a, b = a_all.index_select(0, slots), b_all.index_select(0, slots)  # [n, in, R], [n, R, out]
         term = torch.bmm(torch.bmm(x.index_select(0, rows).unsqueeze(1), a), b)  # [n, 1, out]
         return y.index_add_(0, rows, term.squeeze(1))
 
-    def _stacked(self) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _stacked(self) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor]:
         ids = tuple(self.weights)
         if self._stack is None or self._stack[0] != ids:
             pairs = list(self.weights.values())
@@ -90,7 +87,5 @@ class LoraDelta:
             for slot, (a, b) in enumerate(pairs):
                 a_all[slot, :, : a.shape[1]] = a
                 b_all[slot, : b.shape[0]] = b
-            slot_of = torch.full((max(ids) + 1,), -1, dtype=torch.int64, device=a0.device)
-            slot_of[list(ids)] = torch.arange(len(ids), device=a0.device)
-            self._stack = (ids, slot_of, a_all, b_all)
+            self._stack = (ids, a_all, b_all)
         return self._stack

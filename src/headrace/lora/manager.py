@@ -137,11 +137,8 @@ def _rows(spans: list[tuple[int, int]], device: torch.device) -> Rows:
 
 def _gathered(
     by_id: dict[int, list[tuple[int, int]]], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, list[int]]:
     """Every adapter row's index and its adapter's id, group by group (LoraBatch.gathered)."""
     rows = [r for spans in by_id.values() for s, e in spans for r in range(s, e)]
     ids = [i for i, spans in by_id.items() for s, e in spans for _ in range(s, e)]
-    return (
-        torch.tensor(rows, dtype=torch.int64, device=device),
-        torch.tensor(ids, dtype=torch.int64, device=device),
-    )
+    return torch.tensor(rows, dtype=torch.int64, device=device), ids
