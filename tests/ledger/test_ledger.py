@@ -15,10 +15,17 @@ from pathlib import Path
 import pytest
 
 from headrace.config import HeadraceConfig, LedgerConfig
-from headrace.ledger import store
+from headrace.ledger import schema, store
 from headrace.ledger.database import describe
 from headrace.ledger.query import QueryError, UsageQuery, parse_time
-from headrace.ledger.records import REDACTED, AuditEntry, UsageRecord, key_id, redact
+from headrace.ledger.records import (
+    REDACTED,
+    USAGE_COLUMNS,
+    AuditEntry,
+    UsageRecord,
+    key_id,
+    redact,
+)
 from headrace.ledger.schema import VERSION, LedgerVersionError
 from headrace.ledger.setup import ledger_path, record_action
 from headrace.ledger.writer import Ledger
@@ -48,17 +55,21 @@ def test_records_are_written_in_batches_and_summed(ledger_target: str) -> None:
     for i in range(3):
         ledger.append(record("acme", T0 + i * DAY, completion_tokens=i))
     ledger.append(record("bob", T0, model="other"))
+    ledger.append(record("bob", T0, model="other", adapter="support", completion_tokens=7))
     assert ledger.written == 0  # not flushed yet: one batch per flush_s
     assert ledger.sync()
-    assert ledger.written == 4 and ledger.pending == 0
+    assert ledger.written == 5 and ledger.pending == 0
     by_day = ledger.totals(UsageQuery(tenant="acme", group_by="day"))
     assert [(r["day"], r["completion_tokens"]) for r in by_day] == [
         ("2023-11-14", 0), ("2023-11-15", 1), ("2023-11-16", 2),
     ]  # fmt: skip
     everyone = ledger.totals(UsageQuery(group_by="model"))
     assert [(r["tenant"], r["model"], r["requests"]) for r in everyone] == [
-        ("acme", "tiny", 3), ("bob", "other", 1),
+        ("acme", "tiny", 3), ("bob", "other", 2),
     ]  # fmt: skip
+    adapters = ledger.totals(UsageQuery(tenant="bob", group_by="adapter"))
+    # the base model's row first, on SQLite and PostgreSQL alike
+    assert [(r["adapter"], r["completion_tokens"]) for r in adapters] == [(None, 5), ("support", 7)]
     ranged = ledger.totals(UsageQuery(start=T0 + DAY, end=T0 + 2 * DAY))
     assert [(r["tenant"], r["requests"], r["total_tokens"]) for r in ranged] == [("acme", 1, 11)]
     ledger.close()
@@ -109,6 +120,33 @@ def test_the_schema_version_is_recorded_and_a_newer_one_refused(ledger_target: s
         store.connect(ledger_target)
 
 
+def test_a_version_1_ledger_is_migrated_with_its_rows_kept(
+    ledger_target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as m:  # a ledger as the first release wrote it
+        m.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
+        m.setattr(schema, "VERSION", 1)
+        old = store.connect(ledger_target)
+        columns = [c for c in USAGE_COLUMNS if c != "adapter"]
+        values = [getattr(record(request_id="old"), c) for c in columns]
+        marks = ", ".join("?" * len(columns))
+        with old.transaction():
+            old.execute(
+                f"INSERT INTO usage ({', '.join(columns)}) VALUES ({marks})",
+                [int(v) if isinstance(v, bool) else v for v in values],
+            )
+        old.close()
+    ledger = Ledger(ledger_target, flush_s=60)  # the current server opens it: version 2
+    ledger.append(record(request_id="new", adapter="support"))
+    ledger.close()
+    got = [(r["request_id"], r["model"], r["adapter"]) for r in rows(ledger_target)]
+    assert got == [("old", "tiny", None), ("new", "tiny", "support")]
+    db = store.connect(ledger_target)
+    versions = db.execute("SELECT version FROM schema_version ORDER BY version")
+    db.close()
+    assert [r["version"] for r in versions] == [1, 2] == list(range(1, VERSION + 1))
+
+
 def test_audit_entries_round_trip_with_secrets_redacted(ledger_target: str) -> None:
     ledger = Ledger(ledger_target, flush_s=60)
     args = redact({"via": "x", "api_key": "sk-1", "nested": [{"Authorization": "Bearer k"}]})
@@ -131,7 +169,7 @@ def test_bad_queries_name_their_parameter() -> None:
     assert e.value.param == "start"
     with pytest.raises(QueryError, match="'nan' is not a finite time"):
         parse_time("end", "nan")
-    with pytest.raises(QueryError, match="group_by must be one of day, hour, model"):
+    with pytest.raises(QueryError, match="group_by must be one of day, hour, model, adapter"):
         UsageQuery(group_by="week")
     with pytest.raises(QueryError, match="end is before start"):
         UsageQuery(start=2.0, end=1.0)

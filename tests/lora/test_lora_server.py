@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ def server(made: dict[str, Any]) -> Iterator[Server]:
     tmp: Path = made["dir"]
     args = serve_args(f"tiny={tmp / 'tiny'}", extra=("--num-threads", "1"))
     args += ["--tenants", str(write_tenants(tmp, TENANTS))]  # speculation on: drafts too
+    args += ["--ledger", str(tmp / "ledger.db")]  # this module's own
     for name in ADAPTERS:
         args += ["--lora", f"{name}={tmp / name}"]
     yield from serving(args, tmp)
@@ -233,3 +235,28 @@ def test_generate_route_takes_the_adapter_too(server: Server, made: dict[str, An
         server.url + "/v1/generate", json=bodies["legal"], headers=_auth("alice"), timeout=60
     )
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_the_ledger_books_each_adapter_and_no_other_tenants(server: Server) -> None:
+    """Usage per adapter, summing what the client was told; a tenant asking for another's
+    adapter is booked as for a name nobody serves, so its own usage cannot tell them apart."""
+    start = time.time()
+    told: dict[str | None, int] = {None: 0, "support": 0}
+    for model in ("tiny", "support", "support", "legal", "no-such-model"):
+        body = {"model": model, "prompt": "hello there", "max_tokens": 3}
+        r = httpx.post(server.url + "/v1/completions", json=body, headers=_auth("alice"))
+        if model in ("legal", "no-such-model"):
+            assert r.status_code == 404
+            continue
+        assert r.status_code == 200, r.text
+        told[None if model == "tiny" else model] += r.json()["usage"]["total_tokens"]
+
+    def usage(group_by: str) -> list[tuple[Any, ...]]:
+        params = {"start": str(start), "group_by": group_by}
+        r = httpx.get(server.url + "/v1/usage", params=params, headers=_auth("alice"), timeout=30)
+        assert r.status_code == 200, r.text
+        rows = r.json()["data"]
+        return [(x[group_by], x["requests"], x["errors"], x["total_tokens"]) for x in rows]
+
+    assert usage("adapter") == [(None, 3, 2, told[None]), ("support", 2, 0, told["support"])]
+    assert usage("model") == [(None, 2, 2, 0), ("tiny", 3, 0, told[None] + told["support"])]

@@ -77,8 +77,7 @@ async def admit(
     try:
         return await admitting
     except (APIError, GatewayError) as e:
-        served = body.model in state.engines or body.model in state.adapters
-        record_refusal(state, request, tenant.name, body.model if served else None, e.status)
+        record_refusal(state, request, tenant, body.model, e.status)
         raise
 
 
@@ -116,6 +115,7 @@ async def _admit(
     traceparent = request.headers.get("traceparent")
     job = Job(rid, model, engine, ids, params, options, admission, timer, traceparent)
     job.key_id, job.route = ledger_names(request)
+    job.base, job.adapter = target.base, target.lora
     return job
 
 

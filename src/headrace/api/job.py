@@ -27,6 +27,8 @@ class Job:
     traceparent: str | None = None  # the caller's trace context, for the request's span
     key_id: str | None = None  # the caller's key, as the ledger names it
     route: str = ""
+    base: str = ""  # the base model: `model` itself, or the LoRA adapter's parent
+    adapter: str | None = None  # the LoRA adapter `model` names, if it names one
 
 
 class FinishedRun(Protocol):

@@ -13,6 +13,7 @@ from fastapi import Request
 from headrace.api.job import FinishedRun
 from headrace.api.outcomes import ABORTED, status_of
 from headrace.gateway.auth import key_from_headers
+from headrace.gateway.base import Tenant
 from headrace.ledger.records import UsageRecord, key_id
 
 if TYPE_CHECKING:
@@ -37,7 +38,8 @@ def _usage(runs: Sequence[FinishedRun], n: int) -> UsageRecord:
     job, timer = first.job, first.job.timer
     counts = [r.last for r in runs if r.last is not None]
     return UsageRecord(
-        tenant=job.admission.tenant.name, model=job.model, route=job.route,
+        tenant=job.admission.tenant.name, model=job.base or job.model, adapter=job.adapter,
+        route=job.route,
         http_status=http_status(runs), request_id=job.request_id, key_id=job.key_id,
         prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
         completion_tokens=sum(r.completion_tokens for r in runs),
@@ -69,12 +71,17 @@ def ledger_names(request: Request) -> tuple[str | None, str]:
 
 
 def record_refusal(
-    state: AppState, request: Request, tenant: str, model: str | None, status: int
+    state: AppState, request: Request, tenant: Tenant, asked: str | None, status: int
 ) -> None:
-    """A known tenant's request refused before it reached an engine (400, 404, 429, 503)."""
+    """A known tenant's request refused before it reached an engine (400, 404, 429, 503).
+    The model it `asked` for is kept only where it is served to this tenant (a base model, or
+    an adapter it may use, as its base and itself): a caller's made-up names stay out of the
+    ledger, and another tenant's adapter is recorded as a name nobody serves."""
     if state.ledger is None:
         return
     who, route = ledger_names(request)
-    state.ledger.append(
-        UsageRecord(tenant=tenant, model=model, route=route, http_status=status, key_id=who)
-    )
+    base = state.visible_adapters(tenant).get(asked) if asked is not None else None
+    adapter = asked if base is not None else None
+    model = base if base is not None else asked if asked in state.engines else None
+    record = UsageRecord(tenant.name, model, route, status, adapter=adapter, key_id=who)
+    state.ledger.append(record)

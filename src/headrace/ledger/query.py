@@ -9,7 +9,8 @@ from typing import Any
 
 from headrace.ledger.database import Dialect
 
-GROUPS = ("day", "hour", "model")  # how rows are bucketed (times: Unix seconds; buckets: UTC)
+# how rows are bucketed (times: Unix seconds; day and hour: UTC); model and adapter are columns
+GROUPS = ("day", "hour", "model", "adapter")
 TOTALS = (
     "COUNT(*) AS requests, SUM(prompt_tokens) AS prompt_tokens, "
     "SUM(cached_tokens) AS cached_tokens, SUM(completion_tokens) AS completion_tokens, "
@@ -55,7 +56,7 @@ class UsageQuery:
     start: float | None = None  # inclusive
     end: float | None = None  # exclusive
     tenant: str | None = None  # None: every tenant
-    group_by: str | None = None  # day | hour | model; None: one row per tenant
+    group_by: str | None = None  # day | hour | model | adapter; None: one row per tenant
 
     def __post_init__(self) -> None:
         if self.group_by is not None and self.group_by not in GROUPS:
@@ -75,11 +76,11 @@ class UsageQuery:
         return (" WHERE " + " AND ".join(terms) if terms else ""), params
 
     def totals_sql(self, dialect: Dialect) -> tuple[str, list[Any]]:
-        buckets = {"day": dialect.day, "hour": dialect.hour, "model": "model"}
-        bucket = buckets[self.group_by] if self.group_by else "NULL"
+        times = {"day": dialect.day, "hour": dialect.hour}
+        bucket = times.get(self.group_by, self.group_by) if self.group_by else "NULL"
         where, params = self.where()
         sql = (
             f"SELECT tenant, {bucket} AS bucket, {TOTALS} FROM usage{where} "
-            "GROUP BY tenant, bucket ORDER BY tenant, bucket"
+            "GROUP BY tenant, bucket ORDER BY tenant, bucket NULLS FIRST"  # the base model's first
         )
         return sql, params

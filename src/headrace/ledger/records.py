@@ -27,9 +27,10 @@ class UsageRecord:
     """One finished request (any route, any outcome): who, what it cost, how it went."""
 
     tenant: str
-    model: str | None
+    model: str | None  # the base model (an adapter's parent)
     route: str
     http_status: int
+    adapter: str | None = None  # the LoRA adapter the request named; None: the base model
     request_id: str | None = None
     key_id: str | None = None
     prompt_tokens: int = 0

@@ -34,6 +34,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX audit_time ON audit (time)",
     ),
+    (  # 2: the LoRA adapter a request named (`model` is then its base); NULL in older rows
+        "ALTER TABLE usage ADD COLUMN adapter TEXT",
+    ),
 )
 VERSION = len(MIGRATIONS)
 
