@@ -1,6 +1,7 @@
-"""top_p on real logits: the sampler's ways of finding the set (engine/runner/top_p.py: the C
-scan, the default on the CPU, and torch's topk, CUDA's) against a full sort of every row (the
-path before both), on the same captured rows. Prints JSON.
+"""top_p on real logits: the sampler's ways of drawing from the set (kernels/sample_draw.c, the
+CPU's: the set and the draw in C, nothing listed; engine/runner/top_p.py's torch topk, CUDA's,
+then the inverse CDF over the listed set) against a full sort of every row (the path before
+both), on the same captured rows. Prints JSON.
 
     flock /tmp/bench.lock .venv/bin/python bench/sampler_top_p.py --rows 1,16,32
 
@@ -29,7 +30,7 @@ from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner import sampler as sampler_mod
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.top_p import TopPSets, top_p_mask
-from headrace.kernels import top_p_scan
+from headrace.kernels import sample_draw
 from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import SamplingParams
 
@@ -79,23 +80,23 @@ def main() -> None:
 def _compare(logits: torch.Tensor, t: float, p: float, repeats: int) -> dict[str, Any]:
     params = SamplingParams(temperature=t, top_p=p)
     reqs = [ScheduledRequest(str(i), [1], 0, [0], True, params, 0) for i in range(len(logits))]
-    partial, scan_ok = sampler_mod.top_p_sets, top_p_scan.supported
-    times: dict[str, list[float]] = {"full_sort": [], "topk": [], "scan": []}
+    partial, c_ok = sampler_mod.top_p_sets, sample_draw.supported
+    times: dict[str, list[float]] = {"full_sort": [], "topk": [], "c_draw": []}
     for _ in range(repeats):
         for name in times:
             sampler_mod.top_p_sets = full_sort_top_p if name == "full_sort" else partial  # type: ignore[assignment]
-            top_p_scan.supported = scan_ok if name == "scan" else lambda x: False  # type: ignore[assignment]
+            sample_draw.supported = c_ok if name == "c_draw" else lambda x: False  # type: ignore[assignment]
             start = time.perf_counter()
             Sampler(seed=0)(logits, reqs)
             times[name].append(time.perf_counter() - start)
-    sampler_mod.top_p_sets, top_p_scan.supported = partial, scan_ok  # type: ignore[assignment]
+    sampler_mod.top_p_sets, sample_draw.supported = partial, c_ok  # type: ignore[assignment]
     kept = (top_p_mask(logits.float() / t, [p] * len(logits)) > float("-inf")).sum(-1)
-    full, topk, scan = (statistics.median(v) for v in times.values())
+    full, topk, c_draw = (statistics.median(v) for v in times.values())
     return {
         "full_sort_ms": round(1000 * full, 1),
         "topk_ms": round(1000 * topk, 1),
-        "scan_ms": round(1000 * scan, 1),
-        "ratio": round(full / scan, 2),
+        "c_draw_ms": round(1000 * c_draw, 1),
+        "ratio_topk": round(topk / c_draw, 2),
         "kept_tokens": {
             "min": int(kept.min()),
             "median": int(kept.median()),

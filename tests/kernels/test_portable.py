@@ -33,7 +33,7 @@ MODULES = tuple(
     importlib.import_module(f"headrace.kernels.{name}")
     for name in (
         "argmax", "bf16_linear", "block_linear", "fused", "int8_envelope", "int8_head",
-        "int8_linear", "int8_screen", "paged_decode", "screened_row",
+        "int8_linear", "int8_screen", "paged_decode", "sample_draw", "screened_row",
     )
 )  # fmt: skip
 

@@ -1,6 +1,6 @@
 """Compile `cpu_kernels.c`, `paged_decode.c`, `int8_head.c`, `int8_screen.c`, `int8_linear.c`,
-`bf16_linear.c`, `block_linear.c`, `top_p.c` and `screened_row.c` with the machine's C compiler
-once, cache the library, load it.
+`bf16_linear.c`, `block_linear.c`, `sample_draw.c` and `screened_row.c` with the machine's C
+compiler once, cache the library, load it.
 
 A plain C library through ctypes rather than a torch C++ extension: it builds in about 0.4 s
 (no torch headers), so the first start ever stays fast, and a later start loads it from the
@@ -38,7 +38,7 @@ NAMES = (
     "int8_linear.c",
     "bf16_linear.c",
     "block_linear.c",
-    "top_p.c",
+    "sample_draw.c",
     "screened_row.c",
 )
 SOURCES = [Path(__file__).with_name(n) for n in NAMES]
@@ -183,10 +183,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rms_norm_bf16.restype = None
     lib.rope_bf16.argtypes = [PTR, I64, I64, I64, I64, PTR, PTR, I64, PTR]
     lib.rope_bf16.restype = None
-    lib.top_p_scan.argtypes = [PTR, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR, PTR]
-    lib.top_p_scan.restype = None
-    lib.top_p_collect.argtypes = [PTR, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR, PTR]
-    lib.top_p_collect.restype = None
+    lib.sample_draw.argtypes = [PTR, I64, I64, PTR, PTR, PTR]
+    lib.sample_draw.restype = None
     lib.screened_row_head.argtypes = [PTR, PTR, I64, F32, I64, PTR, PTR, PTR, PTR, PTR, PTR]
     lib.screened_row_head.restype = I64
     lib.rows_dot_bf16.argtypes = [PTR, I64, PTR, I64, PTR, I64, PTR]

@@ -1,17 +1,29 @@
-"""Sampler: greedy, temperature, top-k, top-p, seeds independent of the batch, logprobs."""
+"""Sampler: greedy, temperature, top-k, top-p, seeds independent of the batch, logprobs; every
+test on both draws: in C (the CPU's) and with torch (CUDA's, and without a compiler)."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
 
+import pytest
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.sampler import Sampler, seeded_uniform
+from headrace.kernels import sample_draw
 from headrace.request import SamplingParams
 
 VOCAB = 50
+
+
+@pytest.fixture(autouse=True, params=["c", "torch"])
+def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "c" and not sample_draw.supported(torch.zeros(1, 1)):
+        pytest.skip("no C compiler: the torch path draws")
+    if request.param == "torch":
+        monkeypatch.setattr(sample_draw, "supported", lambda x: False)
+    return str(request.param)
 
 
 def _req(rid: str = "r", step: int = 0, **params: float | int | None) -> ScheduledRequest:

@@ -1,7 +1,8 @@
-"""top_p without a full sort (engine/runner/top_p.py) keeps the set a float64 full sort keeps
-(its mass to the float32 logits' precision), on rows from peaked to flat, over a vocabulary
-large enough that the partial paths are taken; each test runs on both ways of finding the
-set: the C scan (kernels/top_p.c) and torch's topk (CUDA's, and without a compiler)."""
+"""top_p without a full sort (engine/runner/top_p.py, the torch path: CUDA's, and without a
+compiler) keeps the set a float64 full sort keeps (its mass to the float32 logits' precision),
+on rows from peaked to flat, over a vocabulary large enough that the partial paths are taken;
+the sampler's draws from a wide set follow its mass both in C (kernels/sample_draw.c, the CPU's
+way; tests/kernels/test_sample_draw.py compares each draw) and with torch."""
 
 from __future__ import annotations
 
@@ -11,24 +12,22 @@ import pytest
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.runner import top_p
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.top_p import TOP_P_FIRST, top_p_mask, top_p_sets
-from headrace.kernels import top_p_scan
+from headrace.kernels import sample_draw
 from headrace.request import SamplingParams
 
 VOCAB = 20_000
 PARAMS = SamplingParams(temperature=1.0, top_p=0.9)
 
 
-@pytest.fixture(autouse=True, params=["scan", "topk"])
+@pytest.fixture(params=["c", "torch"])
 def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "scan" and not top_p_scan.supported(torch.zeros(1, 1)):
-        pytest.skip("no C compiler: no scan")
-    if request.param == "topk":
-        monkeypatch.setattr(top_p_scan, "supported", lambda x: False)
-    else:  # every row count takes the scan
-        monkeypatch.setattr(top_p, "SCAN_MIN_ROWS", 1)
+    """The sampler's draw: in C, or with torch (top_p.py's set, then the inverse CDF)."""
+    if request.param == "c" and not sample_draw.supported(torch.zeros(1, 1)):
+        pytest.skip("no C compiler: the torch path draws")
+    if request.param == "torch":
+        monkeypatch.setattr(sample_draw, "supported", lambda x: False)
     return str(request.param)
 
 
@@ -86,7 +85,7 @@ def test_rows_without_top_p_are_untouched() -> None:
     assert not torch.equal(out[1], x[1])
 
 
-def test_draws_from_a_wide_set_follow_its_renormalized_mass() -> None:
+def test_draws_from_a_wide_set_follow_its_renormalized_mass(way: str) -> None:
     """2,000 tokens at logit 0 (A), 2,000 at -1 (B), the rest at -20: top_p 0.9 keeps all of
     A and enough of B (a set of ~3.3k, past TOP_P_FIRST); a draw is from A with probability
     mass(A) / mass(kept) and never from the tail."""

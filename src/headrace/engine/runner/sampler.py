@@ -4,7 +4,9 @@ Requests with logits processors (penalties, logit_bias, min_tokens, bad_words: t
 ScheduledRequest has `logits_inputs`) get their rows copied to float32 and processed
 (logits_processors.py) before the same choice; the other rows take the plain path untouched.
 
-A draw is inverse-CDF sampling with one uniform number per request. For a seeded request that
+A draw is inverse-CDF sampling with one uniform number per request, over the request's whole
+row or its top_p set, in vocabulary order: on the CPU in C (kernels/sample_draw.c), elsewhere
+with torch (top_p.py's set, then `_inverse_cdf`). For a seeded request that
 number is a hash of (seed, num_output_tokens), so the same request gives the same tokens whatever
 else shares its batch, and again after preemption and recompute.
 """
@@ -21,6 +23,7 @@ from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.logits_processors import apply_processors
 from headrace.engine.runner.top_p import top_p_sets
+from headrace.kernels import sample_draw
 from headrace.kernels.argmax import argmax_rows
 from headrace.request import GREEDY_BELOW_TEMPERATURE
 
@@ -98,9 +101,14 @@ class Sampler:
         x = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
         x = _min_p(x, [r.params.min_p for r in reqs])
         x = _top_k(x, [r.params.top_k for r in reqs])
-        sets = top_p_sets(x, [r.params.top_p for r in reqs])
         offsets = ahead if ahead is not None else [0] * len(reqs)
         uniforms = [self._uniform(r, k) for r, k in zip(reqs, offsets, strict=True)]
+        ps = [r.params.top_p for r in reqs]
+        if sample_draw.supported(x):  # the CPU: the set and the draw in C, nothing listed
+            drawn = sample_draw.draw(x, ps, uniforms)
+            if drawn is not None:
+                return drawn
+        sets = top_p_sets(x, ps)
         u = torch.tensor(uniforms, device=device, dtype=torch.float32)
         if sets is None:
             return _inverse_cdf(x, u)

@@ -1,17 +1,18 @@
 """top_p (nucleus) sets without sorting the vocabulary: each row's smallest set of likeliest
-tokens whose mass reaches p (at least one token).
+tokens whose mass reaches p (at least one token), with torch: the sampler's way on CUDA and
+without a C compiler (on the CPU, kernels/sample_draw.c finds the set and draws in one go, by
+the same rule, ties at the edge by id).
 
-The set is a prefix of the row sorted by probability, so nothing sorts all 262k. Tokens are
-bucketed by probability, a quarter octave a bucket below the row's largest (every token of a
-bucket likelier than the next bucket's): the buckets before the one where the mass nears p are
-kept whole, the one or two at the edge sorted, the rest dropped. On the CPU a C scan does it in
-two passes a row, rows in parallel (kernels/top_p.c); elsewhere torch looks among a row's
-TOP_P_FIRST likeliest first (`topk`) and buckets only a row whose set is larger
-(`_wide_row`). The kept set is the one a full sort keeps, with "reaches p" read to
-1e-6 of the mass, the float32 logits' own precision (0.5 + 0.3 reaches 0.8 though their logs
-round apart); ties at the edge are kept in either order. Sorting every row took 680 ms for 32
-rows of Gemma 3 logits on a 2-core EPYC; bench/sampler_top_p.py times the three ways and
-tests/engine/runner/test_sampler_top_p.py compares both with it on rows from one likely token to
+The set is a prefix of the row sorted by probability, so nothing sorts all 262k. torch looks
+among a row's TOP_P_FIRST likeliest first (`topk`) and buckets only a row whose set is larger
+(`_wide_row`): tokens bucketed by probability, a quarter octave a bucket below the row's
+largest (every token of a bucket likelier than the next bucket's); the buckets before the one
+where the mass nears p are kept whole, the one or two at the edge sorted, the rest dropped.
+The kept set is the one a full sort keeps, with "reaches p" read to 1e-6 of the mass, the
+float32 logits' own precision (0.5 + 0.3 reaches 0.8 though their logs round apart); ties at
+the edge are kept in either order. Sorting every row took 680 ms for 32
+rows of Gemma 3 logits on a 2-core EPYC; bench/sampler_top_p.py times the ways and
+tests/engine/runner/test_sampler_top_p.py compares them with it on rows from one likely token to
 ~19k.
 
 Shapes: x [R, V] float32 logits over T -> the sets of the rows with p < 1 as a table [R', W]
@@ -25,12 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from headrace.kernels import top_p_scan
-
 TOP_P_FIRST = 1024  # the least partial sort of a row
-# bench/sampler_top_p.py, 2-core EPYC: at 1 row topk's 0.9 ms beats the scan's 1.5 (its two
-# passes on one thread); at 16 rows the scan takes 14-22 ms to topk's 20-41, at 32 28-39 to 41-54
-SCAN_MIN_ROWS = 4
 BUCKETS_PER_NAT = 4 / math.log(2)  # quarter octaves of probability
 
 
@@ -61,8 +57,6 @@ def top_p_sets(x: torch.Tensor, ps: list[float]) -> TopPSets | None:
     if not rows:
         return None
     sub = x if len(rows) == len(x) else x.index_select(0, torch.tensor(rows, device=x.device))
-    if len(rows) >= SCAN_MIN_ROWS and top_p_scan.supported(sub):
-        return _by_scan(rows, sub, [ps[i] for i in rows])
     return _by_topk(rows, sub, ps)
 
 
@@ -93,40 +87,6 @@ def _by_topk(rows: list[int], sub: torch.Tensor, ps: list[float]) -> TopPSets:
     for j, pair in own.items():
         _put(table, table_ids, j, pair)
     return TopPSets(rows, table_ids, table)
-
-
-def _by_scan(rows: list[int], sub: torch.Tensor, ps: list[float]) -> TopPSets:
-    """The C scan (kernels/top_p.c): each row's sure tokens and edge in two passes, the edge
-    alone sorted here."""
-    scan = top_p_scan.scan(sub, ps)
-    pairs = []
-    for j, p in enumerate(ps):
-        total = float(scan.total[j])
-        pairs.append(
-            _kept(sub[j], scan.sure[j], scan.edge[j], float(scan.top[j]), p * total, total)
-        )
-    width = max(len(ids) for ids, _ in pairs)
-    table = torch.full((len(rows), width), float("-inf"))
-    table_ids = torch.empty(len(rows), width, dtype=torch.int64)
-    for j, pair in enumerate(pairs):
-        _put(table, table_ids, j, pair)
-    return TopPSets(rows, table_ids, table)
-
-
-def _kept(
-    row: torch.Tensor, sure: torch.Tensor, edge: torch.Tensor, top: float, goal: float, z: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The set of one row from its sure tokens and its edge (ids ascending) -> (ids, logits)
-    in vocabulary order."""
-    vals, order = row[edge].sort(descending=True)
-    mass = torch.exp(vals.double() - top)
-    sure_mass = float(torch.exp(row[sure].double() - top).sum())
-    before = sure_mass + mass.cumsum(0) - mass
-    kept = (before < goal - 1e-6 * z) & (vals > float("-inf"))
-    if not len(sure):
-        kept[0] = True
-    ids, at = torch.cat([sure, edge[order[kept]]]).sort()
-    return ids, torch.cat([row[sure], vals[kept]])[at]
 
 
 def _put(
