@@ -58,7 +58,7 @@ def _inverse_cdf(cdf: torch.Tensor, us: list[float]) -> list[int]:
 @pytest.mark.parametrize("p", [1e-7, 0.05, 0.5, 0.9, 0.95, 0.999, 1.0])
 def test_each_draw_is_the_inverse_cdf_of_the_set(p: float) -> None:
     x = _rows()
-    drawn = [sample_draw.draw(x, [p] * len(x), [u] * len(x)) for u in UNIFORMS]
+    drawn = [sample_draw.draw(x, [1.0] * len(x), [p] * len(x), [u] * len(x)) for u in UNIFORMS]
     assert all(d is not None for d in drawn)
     table = torch.stack([d for d in drawn if d is not None], dim=1)  # [rows, uniforms]
     for row, tokens in zip(x, table.tolist(), strict=True):
@@ -78,8 +78,10 @@ def test_a_row_draws_the_same_alone_or_in_a_batch() -> None:
     x = _rows()
     ps = [0.9, 1.0, 0.5, 0.95, 0.999, 0.8, 0.7, 0.9]
     us = [0.1, 0.9, 0.5, 0.33, 0.77, 0.01, 0.99, 0.6]
-    together = sample_draw.draw(x, ps, us)
-    alone = [sample_draw.draw(x[i : i + 1], ps[i : i + 1], us[i : i + 1]) for i in range(len(x))]
+    together = sample_draw.draw(x, [1.0] * len(x), ps, us)
+    alone = [
+        sample_draw.draw(x[i : i + 1], [1.0], ps[i : i + 1], us[i : i + 1]) for i in range(len(x))
+    ]
     assert together is not None and all(a is not None for a in alone)
     assert together.tolist() == [int(a[0]) for a in alone if a is not None]
 
@@ -92,10 +94,29 @@ def test_ties_at_the_top_nan_and_a_row_with_nothing_allowed() -> None:
     x[2, 17] = 0.0  # one allowed token
     # row 3: none allowed: token 0, as the reference path falls back to
     for u in (0.0, 0.4, 0.999):
-        drawn = sample_draw.draw(x, [1e-9, 1.0, 0.9, 0.9], [u] * 4)
+        drawn = sample_draw.draw(x, [1.0] * 4, [1e-9, 1.0, 0.9, 0.9], [u] * 4)
         assert drawn is not None
         assert int(drawn[0]) == 5
         assert int(drawn[1]) % 2 == 1
         assert drawn[2:].tolist() == [17, 0]
-    everywhere = sample_draw.draw(x[:1], [1.0], [0.999])
+    everywhere = sample_draw.draw(x[:1], [1.0], [1.0], [0.999])
     assert everywhere is not None and int(everywhere[0]) == 200  # all three ties, by u
+
+
+@pytest.mark.parametrize("t", [0.3, 0.8, 1.0, 1.7])
+def test_bf16_rows_over_a_temperature_draw_as_their_float32_quotient(t: float) -> None:
+    """The kernel reads bf16 (or strided fp32) logits and divides by t itself: the same draws
+    as from the float32 quotient torch makes (x.float() / t)."""
+    wide = torch.cat([_rows() * 3, torch.zeros(8, 5)], dim=1)  # rows VOCAB + 5 apart
+    logits = wide.bfloat16()[:, :VOCAB]
+    quotient = logits.float() / torch.tensor([t] * len(logits))[:, None]
+    ps = [0.9, 1.0, 0.5, 0.95, 0.999, 0.8, 0.7, 0.9]
+    for u in UNIFORMS[::7]:
+        us = [u] * len(logits)
+        from_bf16 = sample_draw.draw(logits, [t] * len(logits), ps, us)
+        from_strided = sample_draw.draw(wide[:, :VOCAB], [t] * len(logits), ps, us)
+        from_quotient = sample_draw.draw(quotient, [1.0] * len(logits), ps, us)
+        assert from_bf16 is not None and from_quotient is not None and from_strided is not None
+        assert from_bf16.tolist() == from_quotient.tolist()
+        plain = sample_draw.draw(wide[:, :VOCAB].contiguous() / t, [1.0] * len(logits), ps, us)
+        assert plain is not None and from_strided.tolist() == plain.tolist()

@@ -183,7 +183,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rms_norm_bf16.restype = None
     lib.rope_bf16.argtypes = [PTR, I64, I64, I64, I64, PTR, PTR, I64, PTR]
     lib.rope_bf16.restype = None
-    lib.sample_draw.argtypes = [PTR, I64, I64, PTR, PTR, PTR]
+    lib.sample_draw.argtypes = [PTR, ctypes.c_int, I64, I64, I64, PTR, PTR, PTR, PTR, PTR]
     lib.sample_draw.restype = None
     lib.screened_row_head.argtypes = [PTR, PTR, I64, F32, I64, PTR, PTR, PTR, PTR, PTR, PTR]
     lib.screened_row_head.restype = I64

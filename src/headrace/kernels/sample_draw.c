@@ -3,8 +3,10 @@
  * the row's uniform number (engine/runner/sampler.py's draw), without sorting or listing the
  * set: the sampler's whole draw in a few passes over the row.
  *
- * Shapes: x [R, V] fp32 logits over the temperature (-inf: not allowed), p [R] (>= 1: no top_p),
- * u [R] in [0, 1) -> out [R] token ids. Rows run in parallel.
+ * Shapes: logits [S, V] bf16 or fp32 (rows `stride` apart), rows [R] (which rows to draw), t [R]
+ * (each row is x = logits / t, in fp32, as torch divides; -inf: not allowed), p [R] (>= 1: no
+ * top_p), u [R] in [0, 1) -> out [R] token ids. Rows run in parallel. Each pass reads the row
+ * a block of DRAW_BLOCK tokens at a time into fp32 (no copy of the row is made).
  *
  * The set. w = exp(x - max) (fast_exp.h, relative error ~2e-7; 0 for -inf) is summed into
  * buckets of 1/16 nat below the row's max (double): every token of a bucket is likelier than
@@ -22,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "bf16.h"
 #include "fast_exp.h"
 
 #define DRAW_BUCKETS 1024
@@ -35,18 +38,44 @@ typedef struct {
     int32_t id;
 } draw_token;
 
-/* Per token of row[j0 .. j0 + n), n <= DRAW_BLOCK: w = exp(x - top), 0 for -inf (and NaN:
+typedef struct {
+    const void *data; /* the row's first logit */
+    int bf16;         /* else fp32 */
+    float t;          /* x = logit / t */
+    int64_t V;
+} draw_source;
+
+/* x of tokens j0 .. j0 + n (n <= DRAW_BLOCK) into xs. */
+static void draw_load(draw_source src, int64_t j0, int64_t n, float *xs) {
+    int64_t j = 0;
+    if (src.bf16) {
+        const uint16_t *row = (const uint16_t *)src.data + j0;
+#ifdef __AVX512F__
+        const __m512 t = _mm512_set1_ps(src.t);
+        for (; j + 16 <= n; j += 16)
+            _mm512_storeu_ps(xs + j, _mm512_div_ps(bf16_load16(row + j), t));
+#endif
+        for (; j < n; j++)
+            xs[j] = bf16_load(row, j) / src.t;
+    } else {
+        const float *row = (const float *)src.data + j0;
+        _Pragma("omp simd")
+        for (j = 0; j < n; j++)
+            xs[j] = row[j] / src.t;
+    }
+}
+
+/* Per token of xs[0 .. n), n <= DRAW_BLOCK: w = exp(x - top), 0 for -inf (and NaN:
  * never drawn), and its bucket (how far below the max, in 1/16 nat; past the last: the last).
  * Every pass takes both from here, so they agree to the bit. */
-static void draw_lanes(const float *row, int64_t j0, int64_t n, float top, float *w,
-                       int32_t *bucket) {
+static void draw_lanes(const float *xs, int64_t n, float top, float *w, int32_t *bucket) {
     int64_t j = 0;
 #ifdef __AVX512F__
     const __m512 vtop = _mm512_set1_ps(top), scale = _mm512_set1_ps(DRAW_PER_NAT);
     const __m512 end = _mm512_set1_ps((float)(DRAW_BUCKETS - 1));
     for (; j < n; j += 16) {
         const __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1);
-        const __m512 v = _mm512_maskz_loadu_ps(m, row + j0 + j);
+        const __m512 v = _mm512_maskz_loadu_ps(m, xs + j);
         const __mmask16 real = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-INFINITY), _CMP_GT_OQ);
         const __m512 d = _mm512_sub_ps(vtop, v);
         _mm512_mask_storeu_ps(w + j, m, _mm512_maskz_mov_ps(real, exp16(_mm512_sub_ps(v, vtop))));
@@ -56,7 +85,7 @@ static void draw_lanes(const float *row, int64_t j0, int64_t n, float top, float
     }
 #endif
     for (; j < n; j++) {
-        const float v = row[j0 + j], d = (top - v) * DRAW_PER_NAT;
+        const float v = xs[j], d = (top - v) * DRAW_PER_NAT;
         w[j] = v > -INFINITY ? exp_approx(v - top) : 0.0f;
         bucket[j] = d >= (float)(DRAW_BUCKETS - 1) || d != d ? DRAW_BUCKETS - 1 : (int32_t)d;
     }
@@ -72,24 +101,29 @@ static int draw_compare(const void *a, const void *b) {
     return draw_before(s, t) ? -1 : draw_before(t, s) ? 1 : 0;
 }
 
-static float draw_max(const float *row, int64_t V) {
-    float m = -INFINITY;
-    _Pragma("omp simd reduction(max : m)")
-    for (int64_t j = 0; j < V; j++)
-        m = row[j] > m ? row[j] : m;
+static float draw_max(draw_source src) {
+    float m = -INFINITY, xs[DRAW_BLOCK];
+    for (int64_t j0 = 0; j0 < src.V; j0 += DRAW_BLOCK) {
+        const int64_t n = j0 + DRAW_BLOCK < src.V ? DRAW_BLOCK : src.V - j0;
+        draw_load(src, j0, n, xs);
+        _Pragma("omp simd reduction(max : m)")
+        for (int64_t j = 0; j < n; j++)
+            m = xs[j] > m ? xs[j] : m;
+    }
     return m;
 }
 
 /* Sums of w per bucket: four partial histograms, so that neighbours in one bucket do not wait
  * on each other's store; summed in a fixed order. */
-static void draw_hist(const float *row, int64_t V, float top, double *mass, int32_t *count) {
-    float w[DRAW_BLOCK];
+static void draw_hist(draw_source src, float top, double *mass, int32_t *count) {
+    float xs[DRAW_BLOCK], w[DRAW_BLOCK];
     int32_t bucket[DRAW_BLOCK];
     double part[4][DRAW_BUCKETS] = {{0}};
     int32_t many[4][DRAW_BUCKETS] = {{0}};
-    for (int64_t j0 = 0; j0 < V; j0 += DRAW_BLOCK) {
-        const int64_t n = j0 + DRAW_BLOCK < V ? DRAW_BLOCK : V - j0;
-        draw_lanes(row, j0, n, top, w, bucket);
+    for (int64_t j0 = 0; j0 < src.V; j0 += DRAW_BLOCK) {
+        const int64_t n = j0 + DRAW_BLOCK < src.V ? DRAW_BLOCK : src.V - j0;
+        draw_load(src, j0, n, xs);
+        draw_lanes(xs, n, top, w, bucket);
         for (int64_t j = 0; j < n; j++) {
             part[j & 3][bucket[j]] += w[j];
             many[j & 3][bucket[j]] += 1;
@@ -160,11 +194,11 @@ static draw_token draw_cut(draw_token *e, int64_t n, double base, double goal) {
 }
 
 /* The row's cut: the last token of its top_p set in order (x, id); all kept: id = V. */
-static draw_token draw_top_p(const float *row, int64_t V, float top, double p) {
+static draw_token draw_top_p(draw_source src, float top, double p) {
     double mass[DRAW_BUCKETS] = {0};
     int32_t count[DRAW_BUCKETS] = {0};
-    draw_token all = {-INFINITY, 0.0f, (int32_t)V};
-    draw_hist(row, V, top, mass, count);
+    draw_token all = {-INFINITY, 0.0f, (int32_t)src.V};
+    draw_hist(src, top, mass, count);
     double z = 0.0;
     for (int b = 0; b < DRAW_BUCKETS; b++)
         z += mass[b];
@@ -179,14 +213,15 @@ static draw_token draw_top_p(const float *row, int64_t V, float top, double p) {
     if (edge == NULL)
         return all;
     int64_t n = 0;
-    float w[DRAW_BLOCK];
+    float xs[DRAW_BLOCK], w[DRAW_BLOCK];
     int32_t bucket[DRAW_BLOCK];
-    for (int64_t j0 = 0; j0 < V; j0 += DRAW_BLOCK) {
-        const int64_t m = j0 + DRAW_BLOCK < V ? DRAW_BLOCK : V - j0;
-        draw_lanes(row, j0, m, top, w, bucket);
+    for (int64_t j0 = 0; j0 < src.V; j0 += DRAW_BLOCK) {
+        const int64_t m = j0 + DRAW_BLOCK < src.V ? DRAW_BLOCK : src.V - j0;
+        draw_load(src, j0, m, xs);
+        draw_lanes(xs, m, top, w, bucket);
         for (int64_t j = 0; j < m; j++)
             if (bucket[j] == k && n < count[k])
-                edge[n++] = (draw_token){row[j0 + j], w[j], (int32_t)(j0 + j)};
+                edge[n++] = (draw_token){xs[j], w[j], (int32_t)(j0 + j)};
     }
     const draw_token cut = draw_cut(edge, n, before, goal);
     free(edge);
@@ -198,13 +233,15 @@ static inline int draw_kept(float v, int64_t j, draw_token cut) {
 }
 
 /* The set's w over one block, into w (0 outside the set); returns their sum. */
-static double draw_block(const float *row, int64_t j0, int64_t n, float top, draw_token cut,
+static double draw_block(draw_source src, int64_t j0, int64_t n, float top, draw_token cut,
                          float *w, int32_t *bucket) {
-    draw_lanes(row, j0, n, top, w, bucket);
+    float xs[DRAW_BLOCK];
+    draw_load(src, j0, n, xs);
+    draw_lanes(xs, n, top, w, bucket);
     if (cut.id < j0 + n || cut.x > -INFINITY) {
         _Pragma("omp simd")
         for (int64_t j = 0; j < n; j++)
-            w[j] = draw_kept(row[j0 + j], j0 + j, cut) ? w[j] : 0.0f;
+            w[j] = draw_kept(xs[j], j0 + j, cut) ? w[j] : 0.0f;
     }
     double s = 0.0;
     _Pragma("omp simd reduction(+ : s)")
@@ -213,11 +250,12 @@ static double draw_block(const float *row, int64_t j0, int64_t n, float top, dra
     return s;
 }
 
-static int64_t draw_row(const float *row, int64_t V, double p, double u) {
-    const float top = draw_max(row, V);
+static int64_t draw_row(draw_source src, double p, double u) {
+    const int64_t V = src.V;
+    const float top = draw_max(src);
     if (!(top > -INFINITY))
         return 0; /* no token allowed (or NaN logits): as the reference, the first */
-    const draw_token cut = p < 1.0 ? draw_top_p(row, V, top, p)
+    const draw_token cut = p < 1.0 ? draw_top_p(src, top, p)
                                    : (draw_token){-INFINITY, 0.0f, (int32_t)V};
     const int64_t nb = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;
     double *sums = malloc(sizeof(double) * (size_t)nb);
@@ -228,7 +266,7 @@ static int64_t draw_row(const float *row, int64_t V, double p, double u) {
     double z = 0.0;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t j0 = b * DRAW_BLOCK, n = j0 + DRAW_BLOCK < V ? DRAW_BLOCK : V - j0;
-        sums[b] = draw_block(row, j0, n, top, cut, w, bucket);
+        sums[b] = draw_block(src, j0, n, top, cut, w, bucket);
         z += sums[b];
     }
     const double target = u * z;
@@ -238,7 +276,7 @@ static int64_t draw_row(const float *row, int64_t V, double p, double u) {
         cum += sums[b++];
     free(sums);
     const int64_t j0 = b * DRAW_BLOCK, n = j0 + DRAW_BLOCK < V ? DRAW_BLOCK : V - j0;
-    draw_block(row, j0, n, top, cut, w, bucket);
+    draw_block(src, j0, n, top, cut, w, bucket);
     int64_t last = -1;
     for (int64_t j = 0; j < n; j++) {
         if (w[j] == 0.0f)
@@ -252,9 +290,13 @@ static int64_t draw_row(const float *row, int64_t V, double p, double u) {
 }
 
 /* out[r]: row r's token; -1 where memory ran out (the caller takes its torch path). */
-void sample_draw(const float *x, int64_t R, int64_t V, const double *p, const double *u,
+void sample_draw(const void *logits, int bf16, int64_t stride, int64_t V, int64_t R,
+                 const int64_t *rows, const float *t, const double *p, const double *u,
                  int64_t *out) {
+    const int64_t size = bf16 ? 2 : 4;
     _Pragma("omp parallel for schedule(dynamic, 1) if (R > 1)")
-    for (int64_t r = 0; r < R; r++)
-        out[r] = draw_row(x + r * V, V, p[r], u[r]);
+    for (int64_t r = 0; r < R; r++) {
+        const draw_source src = {(const char *)logits + rows[r] * stride * size, bf16, t[r], V};
+        out[r] = draw_row(src, p[r], u[r]);
+    }
 }

@@ -64,7 +64,7 @@ class Sampler:
         processors (speculation.py) -> one draw per row from its request's distribution. Row i
         is its request's token `ahead[i]` places past the next one: a seeded request's draw
         there uses the seed's number for that output index, as a plain step would."""
-        return [int(t) for t in self._draw(logits.float(), list(owners), ahead).tolist()]
+        return [int(t) for t in self._draw(logits, list(owners), ahead).tolist()]
 
     def _choose(
         self, logits: torch.Tensor, requests: Sequence[ScheduledRequest], skip: Sequence[int] = ()
@@ -83,7 +83,7 @@ class Sampler:
             rows = torch.tensor(greedy, device=logits.device)
             tokens[rows] = argmax_rows(logits.index_select(0, rows))
         rows = torch.tensor(drawn, device=logits.device)
-        sub = logits.index_select(0, rows).float()
+        sub = logits if len(drawn) == len(logits) else logits.index_select(0, rows)
         tokens[rows] = self._draw(sub, [requests[i] for i in drawn])
         return tokens
 
@@ -93,39 +93,52 @@ class Sampler:
         reqs: list[ScheduledRequest],
         ahead: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """logits [R, V] -> token ids [R]; `ahead`: each row's output index past the request's
-        next token (0 for all when None)."""
-        device = logits.device
+        """logits [R, V] (any float dtype) -> token ids [R]; `ahead`: each row's output index
+        past the request's next token (0 for all when None). Each row draws from softmax over
+        its logits / temperature (after min_p and top_k), kept to its top_p set."""
         # Greedy requests never come here; the floor keeps a division by ~0 out regardless.
         temps = [max(r.params.temperature, GREEDY_BELOW_TEMPERATURE) for r in reqs]
-        x = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
-        x = _min_p(x, [r.params.min_p for r in reqs])
-        x = _top_k(x, [r.params.top_k for r in reqs])
         offsets = ahead if ahead is not None else [0] * len(reqs)
         uniforms = [self._uniform(r, k) for r, k in zip(reqs, offsets, strict=True)]
         ps = [r.params.top_p for r in reqs]
-        if sample_draw.supported(x):  # the CPU: the set and the draw in C, nothing listed
-            drawn = sample_draw.draw(x, ps, uniforms)
+        vocab = logits.shape[1]
+        plain = not any(r.params.min_p > 0 or 0 < r.params.top_k < vocab for r in reqs)
+        x = logits if plain else _cut(logits, reqs, temps)
+        if sample_draw.supported(x):  # the CPU: no float32 copy of plain rows, no list
+            drawn = sample_draw.draw(x, temps if plain else [1.0] * len(reqs), ps, uniforms)
             if drawn is not None:
                 return drawn
-        sets = top_p_sets(x, ps)
-        u = torch.tensor(uniforms, device=device, dtype=torch.float32)
-        if sets is None:
-            return _inverse_cdf(x, u)
-        tokens = torch.empty(len(reqs), dtype=torch.int64, device=device)
-        rows = torch.tensor(sets.rows, device=device)
-        picks = _inverse_cdf(sets.logits, u[rows])  # a top_p row: from its set alone
-        tokens[rows] = sets.ids.gather(1, picks[:, None]).squeeze(1)
-        if len(sets.rows) < len(reqs):
-            rest = torch.tensor(sorted(set(range(len(reqs))) - set(sets.rows)), device=device)
-            tokens[rest] = _inverse_cdf(x.index_select(0, rest), u[rest])
-        return tokens
+        return _draw_torch(_cut(logits, reqs, temps) if plain else x, ps, uniforms)
 
     def _uniform(self, req: ScheduledRequest, ahead: int = 0) -> float:
         if req.params.seed is None:
             return self._rng.random()
         step = req.params.seed_offset + req.num_output_tokens + ahead
         return seeded_uniform(req.params.seed, step)
+
+
+def _cut(logits: torch.Tensor, reqs: list[ScheduledRequest], temps: list[float]) -> torch.Tensor:
+    """[R, V] float32: each row's logits over its temperature, min_p and top_k applied."""
+    x = logits.float() / torch.tensor(temps, device=logits.device)[:, None]
+    x = _min_p(x, [r.params.min_p for r in reqs])
+    return _top_k(x, [r.params.top_k for r in reqs])
+
+
+def _draw_torch(x: torch.Tensor, ps: list[float], uniforms: list[float]) -> torch.Tensor:
+    """x [R, V] float32 -> [R] token ids: top_p.py's sets, then the inverse CDF."""
+    device = x.device
+    sets = top_p_sets(x, ps)
+    u = torch.tensor(uniforms, device=device, dtype=torch.float32)
+    if sets is None:
+        return _inverse_cdf(x, u)
+    tokens = torch.empty(len(x), dtype=torch.int64, device=device)
+    rows = torch.tensor(sets.rows, device=device)
+    picks = _inverse_cdf(sets.logits, u[rows])  # a top_p row: from its set alone
+    tokens[rows] = sets.ids.gather(1, picks[:, None]).squeeze(1)
+    if len(sets.rows) < len(x):
+        rest = torch.tensor(sorted(set(range(len(x))) - set(sets.rows)), device=device)
+        tokens[rest] = _inverse_cdf(x.index_select(0, rest), u[rest])
+    return tokens
 
 
 def _inverse_cdf(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
