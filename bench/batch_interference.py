@@ -9,7 +9,8 @@ closed loop in both (`--clients` streams of the paid tenant, `--max-tokens` each
   each) is submitted first and keeps running through the phase.
 
 Prints JSON (TTFT p50/p95/max in ms and requests per phase, the batch's lines finished during
-its phase) and writes it to bench/out/batch_interference.json. docs/batches.md reports it.
+its phase) and writes it to `--out` (bench/out/batch_interference.json). docs/batches.md reports
+it.
 """
 
 from __future__ import annotations
@@ -112,7 +113,11 @@ def main() -> None:
     p.add_argument("--lines", type=int, default=500)
     p.add_argument("--batch-max-tokens", type=int, default=128)
     p.add_argument("--batch-concurrency", type=int, default=8)
+    p.add_argument("--serve-args", default="", help="more `headrace serve` flags, e.g. "
+                   "'--background-priority 10' (batch lines never sit a step out)")  # fmt: skip
+    p.add_argument("--out", default=str(OUT / "batch_interference.json"))
     args = p.parse_args()
+    out = Path(args.out).resolve()  # before the server's working directory
     with tempfile.TemporaryDirectory(prefix="headrace-batch-bench-") as tmp:
         work = Path(tmp)
         (work / "tenants.yaml").write_text(tenants_yaml())
@@ -127,6 +132,7 @@ def main() -> None:
             "warning",
         ]
         flags += ["--model", args.model] if args.model else []  # fmt: skip
+        flags += args.serve_args.split()
         with serving(flags, work) as url:
             interactive(url, args.clients, 3.0, args.max_tokens)  # warm up
             alone = interactive(url, args.clients, args.phase_s, args.max_tokens)
@@ -143,8 +149,8 @@ def main() -> None:
                   "lines_finished_in_phase": (counts.completed if counts else 0) - done_before},
         "settings": vars(args),
     }  # fmt: skip
-    OUT.mkdir(exist_ok=True)
-    (OUT / "batch_interference.json").write_text(json.dumps(result, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

@@ -127,6 +127,10 @@ class SchedulerConfig:
         8, "preemptions of one request for priority, at most (anti-thrash)"
     )
     max_loras: int = setting(4, "most LoRA adapters in one step; requests of more wait their turn")
+    background_priority: int = setting(
+        2, "requests this urgent or less (the batch tier's) sit out each step that computes a "
+        "more urgent request's prompt (10: never)",
+    )  # fmt: skip
 
     @property
     def seqs_limit(self) -> int:

@@ -20,6 +20,7 @@ from headrace.engine.limits import check_fits
 from headrace.engine.messages import RequestOutput, StepStats
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.sched.admission import make_admission
+from headrace.engine.sched.background import background_yields, is_background, urgent_prompt
 from headrace.engine.sched.fair_queue import FairQueue
 from headrace.engine.sched.request_report import expired_status, request_output
 from headrace.engine.sched.running import RunningSet
@@ -113,7 +114,21 @@ class Scheduler:
         budget = self.budget.next(self.running, self.queue)
         preempted: set[str] = set()
         speculate = self.spec.begin_step(len(self.running))
-        # Decode tokens first, so that a long prompt's chunks never stall running streams.
+        background = self.config.background_priority
+        quiet = background_yields(self.running, self.queue, background)
+        budget = self._plan_running(budget, plan, preempted, speculate, quiet)
+        budget = self._admit(budget, plan, preempted, now, quiet)
+        urgent = urgent_prompt((self.requests[rid] for rid in plan), background)
+        if quiet and not urgent:  # the urgent prompt could not start: no step to yield
+            budget = self._plan_running(budget, plan, preempted, speculate, False)
+            budget = self._admit(budget, plan, preempted, now, False)
+        return self._build_output(plan, now)
+
+    def _plan_running(
+        self, budget: int, plan: dict[str, int], preempted: set[str], speculate: bool, quiet: bool
+    ) -> int:
+        """Running requests' tokens, decodes first so that a long prompt's chunks never stall
+        running streams; with `quiet`, background requests sit this step out."""
         for decodes in (True, False):
             for req in list(self.running):
                 remaining = req.num_tokens - req.num_computed_tokens
@@ -122,12 +137,13 @@ class Scheduler:
                 rid = req.request_id
                 if (remaining == 1) != decodes or rid in plan or rid in preempted:
                     continue
+                if quiet and is_background(req, self.config.background_priority):
+                    continue
                 n = min(remaining, budget)
                 if decodes and speculate:
                     n += self.spec.draft(req, budget, partial(self.blocks.can_fit, rid))
                 budget -= self.run.grow(req, n, plan, preempted)
-        budget = self._admit(budget, plan, preempted, now)
-        return self._build_output(plan, now)
+        return budget
 
     def update(self, out: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
         self.num_tokens_total += out.num_batched_tokens
@@ -178,13 +194,17 @@ class Scheduler:
             error = result.errors.get(rid, "the model runner sampled no token")
             self._end(req, RequestStatus.FINISHED_ERROR, error)
 
-    def _admit(self, budget: int, plan: dict[str, int], preempted: set[str], now: float) -> int:
+    def _admit(
+        self, budget: int, plan: dict[str, int], preempted: set[str], now: float, quiet: bool
+    ) -> int:
         deferred: list[Request] = []  # waiting for a prefix that a running request computes
         lora_full = False  # an adapter waits for a turn: later adapters' requests wait behind it
         while budget > 0:
             req = self.admission.next_candidate(self.queue, now)
             if req is None or req.request_id in preempted:
                 break
+            if quiet and is_background(req, self.config.background_priority):
+                break  # the queue is in priority order: the rest is background too
             if req.lora_id and (lora_full or not self.run.lora_fits(req)):
                 lora_full = True  # no one overtakes it: its turn comes as adapters drain
                 self.queue.remove(req)
