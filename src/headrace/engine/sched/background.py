@@ -12,10 +12,12 @@ few steps, background work loses only those steps, and never starves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from headrace.engine.sched.waiting_queue import WaitingQueue
 from headrace.request import Request
+
+SitsOut = Callable[[Request], bool]  # whether a request gets no tokens this step
 
 
 def is_background(req: Request, threshold: int) -> bool:

@@ -1,8 +1,10 @@
-"""What the scheduler says of a request: the deadline it has passed, and its output message."""
+"""What the scheduler says of a request: the deadline it has passed, how it ends without a
+token, and its output message."""
 
 from __future__ import annotations
 
 from headrace.engine.messages import RequestOutput, TokenLogprobs
+from headrace.engine.outputs import RunnerOutput
 from headrace.request import Request, RequestStatus
 
 
@@ -18,6 +20,15 @@ def expired_status(req: Request, now: float) -> RequestStatus | None:
     ):
         return RequestStatus.FINISHED_OVERLOADED
     return None
+
+
+def ended_without_token(request_id: str, result: RunnerOutput) -> tuple[RequestStatus, str | None]:
+    """How a request the runner gave no token ends: its constraint ended it (complete: `stop`),
+    or the runner could not sample it (`error`, with the runner's reason)."""
+    if request_id in result.stopped:
+        return RequestStatus.FINISHED_STOPPED, None
+    error = result.errors.get(request_id, "the model runner sampled no token")
+    return RequestStatus.FINISHED_ERROR, error
 
 
 def request_output(

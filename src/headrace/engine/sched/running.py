@@ -7,6 +7,8 @@ names the requests taken off in it (they do not come back in the same step).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from headrace.config import SchedulerConfig
 from headrace.engine.kv.block_manager import BlockManager
 from headrace.engine.sched.preemption import victims_to_admit
@@ -37,6 +39,34 @@ class RunningSet:
         req.status = RequestStatus.RUNNING
         self.requests.append(req)
         self.requests.sort(key=_rank)
+
+    def plan(
+        self,
+        budget: int,
+        plan: dict[str, int],
+        preempted: set[str],
+        draft: Callable[[Request, int], int] | None,
+        sits_out: Callable[[Request], bool],
+    ) -> int:
+        """The running requests' tokens within `budget`, in rank order, decodes first so that
+        a long prompt's chunks never stall running streams; `draft(req, budget)` adds a
+        decoding request's drafts; a request that `sits_out` gets none this step. Returns the
+        budget left."""
+        for decodes in (True, False):
+            for req in list(self.requests):
+                remaining = req.num_tokens - req.num_computed_tokens
+                if budget == 0:
+                    break
+                rid = req.request_id
+                if (remaining == 1) != decodes or rid in plan or rid in preempted:
+                    continue
+                if sits_out(req):
+                    continue
+                n = min(remaining, budget)
+                if decodes and draft is not None:
+                    n += draft(req, budget)
+                budget -= self.grow(req, n, plan, preempted)
+        return budget
 
     def grow(self, req: Request, n: int, plan: dict[str, int], preempted: set[str]) -> int:
         """Give a running request up to `n` tokens, preempting lower-ranked ones for blocks.

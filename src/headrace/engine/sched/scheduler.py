@@ -2,9 +2,9 @@
 
 It schedules tokens, not phases. Each step, within a token budget, a cap on running requests
 and the free KV blocks: running requests' decode tokens first, then their prompt chunks, then
-waiting requests in queue order (priority, then arrival). A request that cannot get a block
-preempts the lowest-ranked running request, which is recomputed later; it is never dropped.
-"""
+waiting requests in queue order (priority, then arrival; background ones sit out a step with a
+more urgent prompt: background.py). A request that cannot get a block preempts the
+lowest-ranked running request, which is recomputed later; it is never dropped."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from headrace.engine.kv.kv_manager import KVManager
 from headrace.engine.limits import check_fits
 from headrace.engine.messages import RequestOutput, StepStats
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
+from headrace.engine.sched import background as bg
+from headrace.engine.sched import request_report as report
 from headrace.engine.sched.admission import make_admission
-from headrace.engine.sched.background import background_yields, is_background, urgent_prompt
 from headrace.engine.sched.fair_queue import FairQueue
-from headrace.engine.sched.request_report import expired_status, request_output
 from headrace.engine.sched.running import RunningSet
 from headrace.engine.sched.speculation import accept
 from headrace.engine.sched.speculator import Speculator
@@ -113,37 +113,20 @@ class Scheduler:
         plan: dict[str, int] = {}  # request id -> tokens this step, in scheduling order
         budget = self.budget.next(self.running, self.queue)
         preempted: set[str] = set()
-        speculate = self.spec.begin_step(len(self.running))
+        draft = self._draft if self.spec.begin_step(len(self.running)) else None
         background = self.config.background_priority
-        quiet = background_yields(self.running, self.queue, background)
-        budget = self._plan_running(budget, plan, preempted, speculate, quiet)
-        budget = self._admit(budget, plan, preempted, now, quiet)
-        urgent = urgent_prompt((self.requests[rid] for rid in plan), background)
-        if quiet and not urgent:  # the urgent prompt could not start: no step to yield
-            budget = self._plan_running(budget, plan, preempted, speculate, False)
-            budget = self._admit(budget, plan, preempted, now, False)
+        quiet = bg.background_yields(self.running, self.queue, background)
+        sits_out = partial(bg.is_background, threshold=background) if quiet else _nobody
+        for _ in range(2):  # the second pass only if the urgent prompt could not start
+            budget = self.run.plan(budget, plan, preempted, draft, sits_out)
+            budget = self._admit(budget, plan, preempted, now, sits_out)
+            if not quiet or bg.urgent_prompt((self.requests[rid] for rid in plan), background):
+                break
+            sits_out = _nobody
         return self._build_output(plan, now)
 
-    def _plan_running(
-        self, budget: int, plan: dict[str, int], preempted: set[str], speculate: bool, quiet: bool
-    ) -> int:
-        """Running requests' tokens, decodes first so that a long prompt's chunks never stall
-        running streams; with `quiet`, background requests sit this step out."""
-        for decodes in (True, False):
-            for req in list(self.running):
-                remaining = req.num_tokens - req.num_computed_tokens
-                if budget == 0:
-                    break
-                rid = req.request_id
-                if (remaining == 1) != decodes or rid in plan or rid in preempted:
-                    continue
-                if quiet and is_background(req, self.config.background_priority):
-                    continue
-                n = min(remaining, budget)
-                if decodes and speculate:
-                    n += self.spec.draft(req, budget, partial(self.blocks.can_fit, rid))
-                budget -= self.run.grow(req, n, plan, preempted)
-        return budget
+    def _draft(self, req: Request, budget: int) -> int:
+        return self.spec.draft(req, budget, partial(self.blocks.can_fit, req.request_id))
 
     def update(self, out: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
         self.num_tokens_total += out.num_batched_tokens
@@ -175,27 +158,22 @@ class Scheduler:
         if not s.sample:
             return
         if token is None:
-            self._end_without_token(req, result)
+            self._end(req, *report.ended_without_token(req.request_id, result))
             return
         if req.first_token_time is None:
             req.first_token_time = self.clock()
         if status is not None:
             self._finish(req, status)
         lp = result.logprobs.get(s.request_id)
-        self._pending.append(request_output(req, emitted, logprobs=[lp] if lp else []))
-
-    def _end_without_token(self, req: Request, result: RunnerOutput) -> None:
-        """A request the runner gave no token: its constraint ended it (complete: `stop`), or
-        the runner could not sample it (`error`)."""
-        rid = req.request_id
-        if rid in result.stopped:
-            self._end(req, RequestStatus.FINISHED_STOPPED)
-        else:
-            error = result.errors.get(rid, "the model runner sampled no token")
-            self._end(req, RequestStatus.FINISHED_ERROR, error)
+        self._pending.append(report.request_output(req, emitted, logprobs=[lp] if lp else []))
 
     def _admit(
-        self, budget: int, plan: dict[str, int], preempted: set[str], now: float, quiet: bool
+        self,
+        budget: int,
+        plan: dict[str, int],
+        preempted: set[str],
+        now: float,
+        sits_out: bg.SitsOut,
     ) -> int:
         deferred: list[Request] = []  # waiting for a prefix that a running request computes
         lora_full = False  # an adapter waits for a turn: later adapters' requests wait behind it
@@ -203,7 +181,7 @@ class Scheduler:
             req = self.admission.next_candidate(self.queue, now)
             if req is None or req.request_id in preempted:
                 break
-            if quiet and is_background(req, self.config.background_priority):
+            if sits_out(req):
                 break  # the queue is in priority order: the rest is background too
             if req.lora_id and (lora_full or not self.run.lora_fits(req)):
                 lora_full = True  # no one overtakes it: its turn comes as adapters drain
@@ -266,14 +244,14 @@ class Scheduler:
 
     def _expire(self, now: float) -> None:
         for req in list(self.requests.values()):
-            status = expired_status(req, now)
+            status = report.expired_status(req, now)
             if status is not None:
                 self._end(req, status)
 
     def _end(self, req: Request, status: RequestStatus, error: str | None = None) -> None:
         """Finish `req` outside a step's tokens; its last output goes with the next step."""
         self._finish(req, status)
-        self._pending.append(request_output(req, [], error=error))
+        self._pending.append(report.request_output(req, [], error=error))
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         if req in self.running:
@@ -316,3 +294,7 @@ class Scheduler:
             (self.kv.prefix_queries_total, self.kv.prefix_hits_total),
             (self.spec.drafted_total, self.spec.accepted_total),
         )  # fmt: skip
+
+
+def _nobody(req: Request) -> bool:
+    return False
