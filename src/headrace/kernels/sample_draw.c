@@ -193,7 +193,8 @@ static draw_token draw_cut(draw_token *e, int64_t n, double base, double goal) {
     return last;
 }
 
-/* The row's cut: the last token of its top_p set in order (x, id); all kept: id = V. */
+/* The row's cut: the last token of its top_p set in order (x, id); all kept: id = V; id -1:
+ * no memory for the edge. */
 static draw_token draw_top_p(draw_source src, float top, double p) {
     double mass[DRAW_BUCKETS] = {0};
     int32_t count[DRAW_BUCKETS] = {0};
@@ -211,7 +212,7 @@ static draw_token draw_top_p(draw_source src, float top, double p) {
         return all; /* rounding: every bucket stays below the goal */
     draw_token *edge = malloc(sizeof(draw_token) * (size_t)count[k]);
     if (edge == NULL)
-        return all;
+        return (draw_token){-INFINITY, 0.0f, -1}; /* no memory: the caller says so */
     int64_t n = 0;
     float xs[DRAW_BLOCK], w[DRAW_BLOCK];
     int32_t bucket[DRAW_BLOCK];
@@ -257,6 +258,8 @@ static int64_t draw_row(draw_source src, double p, double u) {
         return 0; /* no token allowed (or NaN logits): as the reference, the first */
     const draw_token cut = p < 1.0 ? draw_top_p(src, top, p)
                                    : (draw_token){-INFINITY, 0.0f, (int32_t)V};
+    if (cut.id < 0)
+        return -1;
     const int64_t nb = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;
     double *sums = malloc(sizeof(double) * (size_t)nb);
     float w[DRAW_BLOCK];

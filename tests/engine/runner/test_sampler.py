@@ -11,19 +11,12 @@ import torch
 
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.sampler import Sampler, seeded_uniform
-from headrace.kernels import sample_draw
 from headrace.request import SamplingParams
 
 VOCAB = 50
 
 
-@pytest.fixture(autouse=True, params=["c", "torch"])
-def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "c" and not sample_draw.supported(torch.zeros(1, 1)):
-        pytest.skip("no C compiler: the torch path draws")
-    if request.param == "torch":
-        monkeypatch.setattr(sample_draw, "supported", lambda x: False)
-    return str(request.param)
+pytestmark = pytest.mark.usefixtures("draw_way")  # every test on both ways
 
 
 def _req(rid: str = "r", step: int = 0, **params: float | int | None) -> ScheduledRequest:

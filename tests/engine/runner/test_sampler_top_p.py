@@ -14,21 +14,10 @@ import torch
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.top_p import TOP_P_FIRST, top_p_mask, top_p_sets
-from headrace.kernels import sample_draw
 from headrace.request import SamplingParams
 
 VOCAB = 20_000
 PARAMS = SamplingParams(temperature=1.0, top_p=0.9)
-
-
-@pytest.fixture(params=["c", "torch"])
-def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The sampler's draw: in C, or with torch (top_p.py's set, then the inverse CDF)."""
-    if request.param == "c" and not sample_draw.supported(torch.zeros(1, 1)):
-        pytest.skip("no C compiler: the torch path draws")
-    if request.param == "torch":
-        monkeypatch.setattr(sample_draw, "supported", lambda x: False)
-    return str(request.param)
 
 
 def _full_sort_keep(x: torch.Tensor, p: float) -> torch.Tensor:
@@ -85,7 +74,7 @@ def test_rows_without_top_p_are_untouched() -> None:
     assert not torch.equal(out[1], x[1])
 
 
-def test_draws_from_a_wide_set_follow_its_renormalized_mass(way: str) -> None:
+def test_draws_from_a_wide_set_follow_its_renormalized_mass(draw_way: str) -> None:
     """2,000 tokens at logit 0 (A), 2,000 at -1 (B), the rest at -20: top_p 0.9 keeps all of
     A and enough of B (a set of ~3.3k, past TOP_P_FIRST); a draw is from A with probability
     mass(A) / mass(kept) and never from the tail."""
