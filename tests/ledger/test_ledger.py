@@ -120,6 +120,54 @@ def test_the_schema_version_is_recorded_and_a_newer_one_refused(ledger_target: s
         store.connect(ledger_target)
 
 
+def test_past_the_bound_records_spill_to_a_file_and_are_written_back(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the ledger's directory should be")
+    spill = tmp_path / "spill.jsonl"
+    ledger = Ledger(blocker / "ledger.db", flush_s=60, max_pending=5, spill=spill)
+    ledger.append(AuditEntry("tenants.reload", "k1", {"path": "/t.yaml"}, 200, {"tenants": 2}))
+    for batch in ([0, 1, 2], [3, 4, 5, 6, 7]):  # a flush at most 5 apart (the queue's bound)
+        for i in batch:
+            ledger.append(record(request_id=f"a{i}"))
+        ledger.sync()
+    assert ledger.write_errors == 2 and ledger.pending == 5
+    assert ledger.spilled == 4 and ledger.dropped == 0  # the oldest four, on disk
+    assert len(spill.read_text().splitlines()) == 4
+    for i in range(3):
+        ledger.append(record(request_id=f"b{i}", adapter="support", resumed=True))
+    ledger.sync()
+    assert ledger.spilled == 7 and ledger.pending == 5 and ledger.dropped == 0
+    blocker.unlink()  # the disk is back: the spilled records first, then the held ones
+    ledger.sync()
+    assert ledger.written == 12 and ledger.pending == 0 and not spill.exists()
+    ledger.close()
+    got = rows(blocker / "ledger.db")
+    assert [r["request_id"] for r in got] == [f"a{i}" for i in range(8)] + ["b0", "b1", "b2"]
+    assert (got[-1]["adapter"], got[-1]["resumed"]) == ("support", True)  # every field back
+    db = store.connect(blocker / "ledger.db", create=False)
+    audit = store.audit_rows(db, None, None, 10)
+    db.close()
+    assert [(e["action"], e["result"]) for e in audit] == [("tenants.reload", {"tenants": 2})]
+
+
+def test_a_stop_during_an_outage_spills_and_the_next_start_writes_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("not a directory")
+    spill = tmp_path / "spill.jsonl"
+    ledger = Ledger(blocker / "ledger.db", flush_s=60, spill=spill)
+    for i in range(3):
+        ledger.append(record(request_id=f"r{i}"))
+    ledger.close()  # cannot write: spilled, not lost
+    assert ledger.spilled == 3 and ledger.dropped == 0 and ledger.pending == 0
+    spill.write_text(spill.read_text() + '{"kind": "usage", "tenant": "cut sh')  # a crash mid-line
+    blocker.unlink()
+    again = Ledger(blocker / "ledger.db", flush_s=60, spill=spill)
+    assert again.sync()  # no new record: the spilled ones are written all the same
+    again.close()
+    assert [r["request_id"] for r in rows(blocker / "ledger.db")] == ["r0", "r1", "r2"]
+    assert not spill.exists()
+
+
 def test_a_version_1_ledger_is_migrated_with_its_rows_kept(
     ledger_target: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

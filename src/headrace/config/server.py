@@ -118,7 +118,8 @@ class LedgerConfig:
         1.0, "the ledger's records are written in batches this often, s"
     )
     ledger_max_pending: int = setting(
-        100_000, "records held in memory while the ledger cannot be written; more are dropped"
+        100_000,
+        "records held in memory while the ledger cannot be written; more go to its spill file",
     )
 
     def __post_init__(self) -> None:

@@ -22,8 +22,14 @@ class LedgerMetrics(Collector):
             value=ledger.written,
         )  # fmt: skip
         yield CounterMetricFamily(
+            PREFIX + "ledger_records_spilled",
+            "Records past the memory bound put in the spill file while the ledger could not be "
+            "written (written back when it can).",
+            value=ledger.spilled,
+        )  # fmt: skip
+        yield CounterMetricFamily(
             PREFIX + "ledger_records_dropped",
-            "Records lost: the ledger could not be written and the memory bound was reached.",
+            "Records lost: the ledger, and then the spill file, could not be written.",
             value=ledger.dropped,
         )  # fmt: skip
         yield CounterMetricFamily(

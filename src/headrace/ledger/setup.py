@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,7 +40,17 @@ def open_ledger(cfg: LedgerConfig) -> Ledger | None:
     except database_errors() as e:
         name = describe(path)
         log.error("cannot open the ledger %s now (records are held and retried): %s", name, e)
-    return Ledger(path, cfg.ledger_flush_s, cfg.ledger_max_pending)
+    return Ledger(path, cfg.ledger_flush_s, cfg.ledger_max_pending, spill_path(path))
+
+
+def spill_path(target: str) -> Path:
+    """The spill file of a ledger (spill.py): beside an SQLite file; for a PostgreSQL URL, in
+    the state directory, named by the URL's digest (front ends that share the directory and
+    the database share the file, under its lock)."""
+    if not is_postgres(target):
+        return Path(target + ".spill.jsonl")
+    digest = hashlib.sha256(target.encode()).hexdigest()[:12]
+    return state_root() / f"ledger-spill-{digest}.jsonl"
 
 
 def record_action(

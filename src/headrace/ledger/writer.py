@@ -1,10 +1,12 @@
 """`Ledger`: records appended from the event loop without waiting, written by a thread of its
 own in batches every `flush_s`.
 
-The database can fail (a full disk, a locked or unwritable file): the request that made a
-record never hears of it. Unwritten records are held in memory and tried again at each flush;
-past `max_pending` the oldest are dropped, and counted (`dropped`, a Prometheus counter).
-`close()` writes everything still queued: a graceful stop loses nothing; a SIGKILL loses what
+The database can fail (a full disk, a locked or unwritable file, a lost PostgreSQL
+connection): the request that made a record never hears of it. Unwritten records are held in
+memory and tried again at each flush; past `max_pending` the oldest go to the spill file
+(spill.py; `spilled`), written back by the first flush that writes again; only where that file
+cannot be written either are they dropped, and counted (`dropped`). `close()` writes
+everything still queued, or spills it: a graceful stop loses nothing; a SIGKILL loses what
 arrived since the last flush (at most `flush_s` of records).
 """
 
@@ -17,21 +19,33 @@ from pathlib import Path
 from typing import Any
 
 from headrace.ledger import store
-from headrace.ledger.database import Database, describe
+from headrace.ledger.database import Database, describe, is_postgres
 from headrace.ledger.query import UsageQuery
 from headrace.ledger.records import AuditEntry, UsageRecord
+from headrace.ledger.spill import Spill
 
 log = logging.getLogger("headrace.ledger")
 Item = UsageRecord | AuditEntry
 
 
 class Ledger:
-    def __init__(self, path: str | Path, flush_s: float = 1.0, max_pending: int = 100_000) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        flush_s: float = 1.0,
+        max_pending: int = 100_000,
+        spill: Path | None = None,
+    ) -> None:
+        """`spill`: the overflow file (default: beside an SQLite file; none for a URL)."""
         self.target = str(path)  # a file, or a postgresql:// URL
         self.name = describe(self.target)  # for log lines: no password
         self.flush_s = flush_s
         self.max_pending = max_pending
+        if spill is None and not is_postgres(self.target):
+            spill = Path(self.target + ".spill.jsonl")
+        self._spill = Spill(spill) if spill is not None else None
         self.written = 0
+        self.spilled = 0
         self.dropped = 0
         self.write_errors = 0
         self._queue: queue.Queue[Item] = queue.Queue(maxsize=max_pending)
@@ -89,6 +103,8 @@ class Ledger:
         self._wake.set()
         self._thread.join(timeout)
         self._closed = True
+        if self.pending and not self._thread.is_alive():
+            self._overflow(len(self._held) + self._queue.qsize())
         if self.pending:
             log.error("ledger closed with %d records unwritten: %s", self.pending, self.name)
 
@@ -129,7 +145,7 @@ class Ledger:
                 self._held.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        if not self._held:
+        if not self._held and not (self._spill and self._spill.waiting()):
             return
         try:
             self._write()
@@ -139,14 +155,20 @@ class Ledger:
     def _write(self) -> None:
         if self._conn is None:
             self._conn = store.connect(self.target)
-        usage = [r for r in self._held if isinstance(r, UsageRecord)]
-        audit = [r for r in self._held if isinstance(r, AuditEntry)]
-        store.append(self._conn, usage, audit)
+        if self._spill is not None and self._spill.waiting():  # older: first
+            self.written += self._spill.drain(self._append)
+        self._append(self._held)
         if self._failing:
             log.warning("ledger writable again: %s", self.name)
             self._failing = False
         self.written += len(self._held)
         self._held.clear()
+
+    def _append(self, items: list[Item]) -> None:
+        assert self._conn is not None
+        usage = [r for r in items if isinstance(r, UsageRecord)]
+        audit = [r for r in items if isinstance(r, AuditEntry)]
+        store.append(self._conn, usage, audit)
 
     def _failed(self, e: Exception) -> None:
         if not self._failing:  # the first failure of a streak is logged
@@ -156,7 +178,20 @@ class Ledger:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        overflow = len(self._held) - self.max_pending
-        if overflow > 0:
-            del self._held[:overflow]
-            self._drop(overflow)
+        self._overflow(len(self._held) - self.max_pending)
+
+    def _overflow(self, n: int) -> None:
+        """The oldest `n` held (then queued) records go to the spill file, or are dropped."""
+        while len(self._held) < n:
+            try:
+                self._held.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        out = self._held[: max(n, 0)]
+        if not out:
+            return
+        del self._held[: len(out)]
+        if self._spill is not None and self._spill.add(out):
+            self.spilled += len(out)
+        else:
+            self._drop(len(out))
