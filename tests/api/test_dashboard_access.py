@@ -19,7 +19,10 @@ from headrace.gateway.auth import KeyStore, hash_key
 from headrace.gateway.base import OpenGateway
 
 ADMIN = "admin-secret"
-PATHS = ("/dashboard", "/dashboard/data", *(f"/dashboard/static/{name}" for name in STATIC))
+PATHS = (
+    "/dashboard", "/dashboard/data", "/dashboard/ledger",
+    *(f"/dashboard/static/{name}" for name in STATIC),
+)  # fmt: skip
 
 
 def basic(user: str, password: str) -> dict[str, str]:
@@ -41,7 +44,9 @@ def statuses(access: InternalAccess, headers: dict[str, str]) -> dict[str, int]:
 GUARDED = InternalAccess(KeyStore([(hash_key(ADMIN), "admin")]))
 
 
-@covers("GET /dashboard", "GET /dashboard/data", "GET /dashboard/static/{name}")
+@covers(
+    "GET /dashboard", "GET /dashboard/data", "GET /dashboard/ledger", "GET /dashboard/static/{name}"
+)
 @pytest.mark.parametrize(
     "headers",
     [
@@ -55,7 +60,9 @@ def test_the_admin_key_opens_every_dashboard_path(headers: dict[str, str]) -> No
     assert set(statuses(GUARDED, headers).values()) == {200}
 
 
-@covers("GET /dashboard", "GET /dashboard/data", "GET /dashboard/static/{name}")
+@covers(
+    "GET /dashboard", "GET /dashboard/data", "GET /dashboard/ledger", "GET /dashboard/static/{name}"
+)
 @pytest.mark.parametrize(
     "headers",
     [
@@ -70,13 +77,17 @@ def test_without_the_admin_key_every_dashboard_path_is_401(headers: dict[str, st
     assert set(statuses(GUARDED, headers).values()) == {401}
 
 
-@covers("GET /dashboard", "GET /dashboard/data", "GET /dashboard/static/{name}")
+@covers(
+    "GET /dashboard", "GET /dashboard/data", "GET /dashboard/ledger", "GET /dashboard/static/{name}"
+)
 def test_a_tenants_file_without_an_admin_key_locks_the_dashboard() -> None:
     locked = InternalAccess(tenants=True)
     assert set(statuses(locked, {"authorization": "Bearer anything"}).values()) == {401}
 
 
-@covers("GET /dashboard", "GET /dashboard/data", "GET /dashboard/static/{name}")
+@covers(
+    "GET /dashboard", "GET /dashboard/data", "GET /dashboard/ledger", "GET /dashboard/static/{name}"
+)
 def test_an_open_server_shows_it_to_anyone() -> None:
     assert set(statuses(InternalAccess(), {}).values()) == {200}
 

@@ -1,8 +1,9 @@
 """The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a real
 `headrace serve --tenants` on 127.0.0.1, both inside a private network namespace with only
 loopback (the `netns` marker): the page loads with no console error and no request leaving
-127.0.0.1, draws its charts, its numbers move while an overload mix runs, and without the
-admin key it shows nothing. Screenshots go to bench/out/."""
+127.0.0.1, draws its charts, its numbers move while an overload mix runs, its ledger panel
+lists what the ledger recorded, and without the admin key it shows nothing. Screenshots go to
+bench/out/."""
 
 from __future__ import annotations
 
@@ -125,6 +126,14 @@ def test_dashboard_live_under_an_overload_mix(server: Server, browser: Any) -> N
         assert tenants["flood"][3] != "0", tenants["flood"]  # its refusals, by reason
     replicas = watched.table("#replicas")
     assert replicas[0][:3] == ["tiny", "tiny/0", "healthy"], replicas
+    page.evaluate("refreshLedger()")  # the ledger panel polls every 30 s: read it now
+    ledger = {row[0]: row for row in watched.table("#ledger")}
+    assert {"acme", "calm", "flood", "nightly"} <= set(ledger), ledger  # from the ledger
+    recorded = sum(int(r[1]) for r in ledger.values())
+    assert recorded >= load.statuses[200], (ledger, load.statuses)  # every answered request
+    assert all(r[3] == "–" or r[3].endswith("%") for r in ledger.values()), ledger
+    assert page.locator("#c-ledger .uplot canvas").count() == 1
+    page.screenshot(path=str(OUT / "dashboard-ledger.png"), full_page=True)
 
     assert watched.console == [], watched.console
     assert watched.requests, "no request recorded"

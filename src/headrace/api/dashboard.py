@@ -5,6 +5,8 @@
 - `/dashboard/data`: the JSON snapshot the page polls once a second (`dashboard_data`);
   `?ttft_ms=&tpot_ms=` set the SLO targets its goodput is judged against (finite, positive,
   at most an hour and a minute; else 400).
+- `/dashboard/ledger`: the usage ledger's tenants per hour over the last day, which the page
+  polls every 30 s (`dashboard_data.ledger_hours`).
 
 Who may look is the rule of `/v1/stats` (`InternalAccess`, scope STATS): on a guarded server,
 the admin key. A browser cannot add a bearer header to a page it navigates to, so the key is
@@ -22,8 +24,9 @@ from importlib import resources
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
-from headrace.api.dashboard_data import snapshot
+from headrace.api.dashboard_data import ledger_hours, snapshot
 from headrace.api.state import app_state
 from headrace.gateway.access import Scope
 from headrace.gateway.errors import GatewayError
@@ -62,6 +65,15 @@ async def data(
         return refusal
     slo = SloTargets(ttft_s=ttft_ms / 1000, tpot_s=tpot_ms / 1000)
     body = snapshot(app_state(request), slo)
+    return JSONResponse(body, headers={"cache-control": "no-store"})
+
+
+@router.get("/dashboard/ledger")
+async def ledger(request: Request) -> Response:
+    refusal = _guarded(request)
+    if refusal is not None:
+        return refusal
+    body = await run_in_threadpool(ledger_hours, app_state(request))
     return JSONResponse(body, headers={"cache-control": "no-store"})
 
 

@@ -15,7 +15,11 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 
 from headrace.api.state import AppState
+from headrace.ledger.database import database_errors
+from headrace.ledger.query import UsageQuery
 from headrace.metrics.window import SloTargets
+
+LEDGER_HOURS = 24  # the ledger panel's span
 
 # Counter and gauge families the page shows, by Prometheus name (the `_total` suffix dropped).
 FAMILIES = (
@@ -82,3 +86,17 @@ def counters(families: Iterable[Metric]) -> dict[str, list[list[Any]]]:
                 continue
             rows.append([*s.labels.values(), s.value])
     return out
+
+
+def ledger_hours(state: AppState) -> dict[str, Any]:
+    """The ledger panel: every tenant's totals per UTC hour over the last LEDGER_HOURS, from
+    the ledger (which persists: the page's other series start when it opens). Blocking: call
+    it off the event loop."""
+    if state.ledger is None:
+        return {"enabled": False, "data": []}
+    start = (time.time() // 3600 - (LEDGER_HOURS - 1)) * 3600.0
+    try:
+        rows = state.ledger.totals(UsageQuery(start=start, group_by="hour"))
+    except database_errors() as e:
+        return {"enabled": True, "error": str(e), "data": []}
+    return {"enabled": True, "start": start, "data": rows}

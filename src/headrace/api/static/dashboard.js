@@ -234,6 +234,65 @@ function draw(snap) {
   if (recent.length > RATE_POLLS) recent.shift();
 }
 
+// The ledger panel: hourly totals that the server reads from its ledger every LEDGER_MS; the
+// charts are drawn anew from each answer (the hours are the ledger's, not this page's polls).
+const LEDGER_MS = 30000;
+const ledgerPlots = {};
+
+function hourChart(id, hours, columns) {
+  ledgerPlots[id]?.destroy();
+  const el = document.getElementById(id);
+  const series = [{}, ...Object.keys(columns).map((name, i) => ({
+    label: name, stroke: COLORS[i % COLORS.length], width: 1.5, points: { show: true },
+  }))];
+  ledgerPlots[id] = new uPlot({
+    width: Math.max(300, el.clientWidth || 400), height: 170, series, legend: { live: false },
+    scales: { y: { range: (u, min, max) => [0, Math.max(1, max) * 1.05] } },
+    axes: [{ values: (u, ticks) => ticks.map(clock) }, { size: 55 }],
+  }, [hours, ...Object.values(columns)], el);
+}
+
+function drawLedger(body) {
+  if (!body.enabled || body.error) {
+    const note = body.enabled ? "the ledger cannot be read: " + body.error : "no ledger (--no-ledger)";
+    document.querySelector("#ledger tbody").replaceChildren(row([note]));
+    return;
+  }
+  const hours = [...new Set(body.data.map((r) => r.hour))].sort();
+  const tenants = [...new Set(body.data.map((r) => r.tenant))].sort();
+  const at = {};
+  for (const r of body.data) at[r.tenant + " " + r.hour] = r;
+  const tokens = {}, cached = {}, rows = [];
+  for (const name of tenants) {
+    const own = hours.map((h) => at[name + " " + h]);
+    tokens[name] = own.map((r) => r?.total_tokens ?? 0);
+    cached[name] = own.map((r) => (r && r.prompt_tokens > 0 ? 100 * r.cached_tokens / r.prompt_tokens : null));
+    const sum = (key) => own.reduce((total, r) => total + (r?.[key] ?? 0), 0);
+    const prompt = sum("prompt_tokens");
+    rows.push(row([name, sum("requests"), prompt, prompt > 0 ? fmt(100 * sum("cached_tokens") / prompt) + "%" : "–",
+      sum("completion_tokens"), sum("errors")]));
+  }
+  if (rows.length === 0) rows.push(row(["(no request recorded in the last 24 h)"]));
+  document.querySelector("#ledger tbody").replaceChildren(...rows);
+  const xs = hours.map((h) => Date.parse(h) / 1000);
+  hourChart("c-ledger", xs, tokens);
+  hourChart("c-ledger-cached", xs, cached);
+}
+
+async function refreshLedger() {
+  try {
+    const response = await fetch("/dashboard/ledger", { cache: "no-store" });
+    if (response.ok) drawLedger(await response.json());
+  } catch (e) {
+    // the status pill already says when the server is unreachable
+  }
+}
+
+async function pollLedger() {
+  await refreshLedger();
+  setTimeout(pollLedger, LEDGER_MS);
+}
+
 function dataUrl() {
   const ttft = document.getElementById("ttft").value, tpot = document.getElementById("tpot").value;
   return `/dashboard/data?ttft_ms=${encodeURIComponent(ttft)}&tpot_ms=${encodeURIComponent(tpot)}`;
@@ -262,3 +321,4 @@ function initSlo() {
 
 initSlo();
 poll();
+pollLedger();
