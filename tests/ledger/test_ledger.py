@@ -28,6 +28,7 @@ from headrace.ledger.records import (
 )
 from headrace.ledger.schema import VERSION, LedgerVersionError
 from headrace.ledger.setup import ledger_path, record_action
+from headrace.ledger.spill import Spill
 from headrace.ledger.writer import Ledger
 from ledger.conftest import postgres
 
@@ -166,6 +167,20 @@ def test_a_stop_during_an_outage_spills_and_the_next_start_writes_it(tmp_path: P
     again.close()
     assert [r["request_id"] for r in rows(blocker / "ledger.db")] == ["r0", "r1", "r2"]
     assert not spill.exists()
+
+
+def test_the_spill_file_survives_a_cut_line_and_garbage(tmp_path: Path) -> None:
+    spill = Spill(tmp_path / "spill.jsonl")
+    assert spill.add([record(request_id="a")])
+    with spill.path.open("ab") as f:
+        f.write(b'{"kind": "usage", "tenant": "cut sh')  # a crash mid-line
+    assert spill.add([record(request_id="b")])  # on a line of its own
+    with spill.path.open("ab") as f:
+        f.write(b"5\n\xff\xfe\n[]\n")  # nothing a record could be made of
+    got: list[object] = []
+    assert spill.drain(got.extend) == 2
+    assert [getattr(r, "request_id", None) for r in got] == ["a", "b"]
+    assert not spill.waiting() and not spill.path.exists()
 
 
 def test_a_version_1_ledger_is_migrated_with_its_rows_kept(

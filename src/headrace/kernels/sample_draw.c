@@ -6,7 +6,8 @@
  * Shapes: logits [S, V] bf16 or fp32 (rows `stride` apart), rows [R] (which rows to draw), t [R]
  * (each row is x = logits / t, in fp32, as torch divides; -inf: not allowed), p [R] (>= 1: no
  * top_p), u [R] in [0, 1) -> out [R] token ids. Rows run in parallel. Each pass reads the row
- * a block of DRAW_BLOCK tokens at a time into fp32 (no copy of the row is made).
+ * a block of DRAW_BLOCK tokens at a time into fp32 (no copy of the row is made); a row's
+ * scratch lives on its thread's stack (about 220 KB; glibc's threads have 8 MB).
  *
  * The set. w = exp(x - max) (fast_exp.h, relative error ~2e-7; 0 for -inf) is summed into
  * buckets of 1/16 nat below the row's max (double): every token of a bucket is likelier than
@@ -89,6 +90,40 @@ static void draw_lanes(const float *xs, int64_t n, float top, float *w, int32_t 
         w[j] = v > -INFINITY ? exp_approx(v - top) : 0.0f;
         bucket[j] = d >= (float)(DRAW_BUCKETS - 1) || d != d ? DRAW_BUCKETS - 1 : (int32_t)d;
     }
+}
+
+/* The tokens of xs[0 .. n) in bucket k: their x into ex, their place into at; how many.
+ * ex and at hold n + 16. */
+static int64_t draw_select(const float *xs, int64_t n, float top, int k, float *ex, int32_t *at) {
+    int64_t got = 0, j = 0;
+#ifdef __AVX512F__
+    const __m512 vtop = _mm512_set1_ps(top), scale = _mm512_set1_ps(DRAW_PER_NAT);
+    const __m512 end = _mm512_set1_ps((float)(DRAW_BUCKETS - 1));
+    const __m512i want = _mm512_set1_epi32(k), lane = _mm512_setr_epi32(
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; j < n; j += 16) {
+        const __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(m, xs + j);
+        const __m512 d = _mm512_min_ps(_mm512_mul_ps(_mm512_sub_ps(vtop, v), scale), end);
+        const __mmask16 hit = _mm512_mask_cmpeq_epi32_mask(m, _mm512_cvttps_epi32(d), want);
+        if (!hit)
+            continue;
+        /* compress in a register, store whole (the memory form is slow on some cores): the
+         * lanes past `got` are overwritten by the next hit, or lie past the result */
+        _mm512_storeu_ps(ex + got, _mm512_maskz_compress_ps(hit, v));
+        _mm512_storeu_si512(at + got, _mm512_maskz_compress_epi32(
+                                          hit, _mm512_add_epi32(lane, _mm512_set1_epi32((int)j))));
+        got += __builtin_popcount(hit);
+    }
+#endif
+    for (; j < n; j++) {
+        const float d = (top - xs[j]) * DRAW_PER_NAT;
+        if ((d >= (float)(DRAW_BUCKETS - 1) || d != d ? DRAW_BUCKETS - 1 : (int)d) == k) {
+            ex[got] = xs[j];
+            at[got++] = (int32_t)j;
+        }
+    }
+    return got;
 }
 
 /* first in the order: likelier, then the smaller id */
@@ -214,17 +249,17 @@ static draw_token draw_top_p(draw_source src, float top, double p) {
     if (edge == NULL)
         return (draw_token){-INFINITY, 0.0f, -1}; /* no memory: the caller says so */
     int64_t n = 0;
-    float xs[DRAW_BLOCK], w[DRAW_BLOCK];
-    int32_t bucket[DRAW_BLOCK];
-    for (int64_t j0 = 0; j0 < src.V; j0 += DRAW_BLOCK) {
+    float xs[DRAW_BLOCK], w[DRAW_BLOCK], ex[DRAW_BLOCK + 16];
+    int32_t bucket[DRAW_BLOCK], at[DRAW_BLOCK + 16];
+    for (int64_t j0 = 0; j0 < src.V && n < count[k]; j0 += DRAW_BLOCK) {
         const int64_t m = j0 + DRAW_BLOCK < src.V ? DRAW_BLOCK : src.V - j0;
         draw_load(src, j0, m, xs);
-        draw_lanes(xs, m, top, w, bucket);
-        for (int64_t j = 0; j < m; j++)
-            if (bucket[j] == k && n < count[k])
-                edge[n++] = (draw_token){xs[j], w[j], (int32_t)(j0 + j)};
+        const int64_t got = draw_select(xs, m, top, k, ex, at);
+        draw_lanes(ex, got, top, w, bucket); /* the same w as the histogram's, to the bit */
+        for (int64_t i = 0; i < got && n < count[k]; i++)
+            edge[n++] = (draw_token){ex[i], w[i], (int32_t)(j0 + at[i])};
     }
-    const draw_token cut = draw_cut(edge, n, before, goal);
+    const draw_token cut = n > 0 ? draw_cut(edge, n, before, goal) : all;
     free(edge);
     return cut;
 }

@@ -30,7 +30,6 @@ class UsageRecord:
     model: str | None  # the base model (an adapter's parent)
     route: str
     http_status: int
-    adapter: str | None = None  # the LoRA adapter the request named; None: the base model
     request_id: str | None = None
     key_id: str | None = None
     prompt_tokens: int = 0
@@ -47,6 +46,9 @@ class UsageRecord:
     replica: str | None = None
     resumed: bool = False
     time: float = field(default_factory=time.time)  # when it finished, Unix seconds
+    # the LoRA adapter the request named (None: the base model); last, so that an export's
+    # columns before it keep their places (schema version 2)
+    adapter: str | None = None
 
     @property
     def total_tokens(self) -> int:

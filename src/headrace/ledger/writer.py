@@ -190,8 +190,9 @@ class Ledger:
         out = self._held[: max(n, 0)]
         if not out:
             return
-        del self._held[: len(out)]
-        if self._spill is not None and self._spill.add(out):
+        spilled = self._spill is not None and self._spill.add(out)
+        del self._held[: len(out)]  # only now: spilled, or dropped and counted
+        if spilled:
             self.spilled += len(out)
         else:
             self._drop(len(out))

@@ -1,9 +1,11 @@
 """Background requests (the batch tier's priority, 2, and less urgent) sit out the step that
 computes a more urgent request's prompt, and only that step; when that prompt cannot start
-they run as before; `--background-priority 10` turns it off. Outputs never change."""
+they run as before; at most MOST_IN_A_ROW steps in a row; `--background-priority 10` turns it
+off. Outputs never change."""
 
 from __future__ import annotations
 
+from headrace.engine.sched.background import MOST_IN_A_ROW
 from headrace.request import SamplingParams
 
 
@@ -57,3 +59,23 @@ def test_background_runs_when_the_urgent_prompt_cannot_start(fake_engine, make_p
     engine.run()
     assert set(engine.finished) == {"b1", "b2", "p"}
     assert engine.core.block_manager.num_used_blocks == 0
+
+
+def test_under_a_stream_of_urgent_prompts_background_still_runs(fake_engine, make_prompt):
+    # a 16-token budget and 100-token paid prompts: every step has an urgent prompt to compute
+    engine = fake_engine(max_num_batched_tokens=16, burst_batched_tokens=16)
+    _batch_then_paid(engine, make_prompt)
+    for i in range(3):
+        engine.add(f"p{i}", make_prompt(40 + i, 100), max_tokens=2, priority=0, temperature=0)
+    carried = []
+    for _ in range(15):
+        engine.step()
+        carried.append(bool({"b1", "b2"} & _ids(engine)))
+    runs, run = [], 0
+    for c in carried:
+        run = 0 if c else run + 1
+        runs.append(run)
+    assert max(runs) == MOST_IN_A_ROW  # sat out, but never more than this many steps in a row
+    assert sum(carried) >= 2
+    engine.run()
+    assert {"b1", "b2", "p", "p0", "p1", "p2"} <= set(engine.finished)

@@ -6,18 +6,21 @@ them last; this keeps them out of the one step where their rows cost an interact
 most: the step that computes its prompt, whose length is that request's time to first token.
 So while a more urgent request has prompt tokens left (running, or first in the queue), the
 step leaves every background request out (running ones keep their KV blocks and go on at the
-next step); all other steps carry them as before. With interactive requests arriving one per
-few steps, background work loses only those steps, and never starves.
+next step); all other steps carry them as before. At most MOST_IN_A_ROW steps in a row sit
+out, then one carries background work whatever waits: under a stream of urgent prompts it
+slows, and never starves (nor holds its blocks and slots indefinitely).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 
 from headrace.engine.sched.waiting_queue import WaitingQueue
 from headrace.request import Request
 
 SitsOut = Callable[[Request], bool]  # whether a request gets no tokens this step
+MOST_IN_A_ROW = 4
 
 
 def is_background(req: Request, threshold: int) -> bool:
@@ -40,3 +43,28 @@ def background_yields(running: Iterable[Request], queue: WaitingQueue, threshold
     return (first is not None and not is_background(first, threshold)) or urgent_prompt(
         running, threshold
     )
+
+
+class BackgroundYield:
+    """Which steps background requests sit out: `background_yields`, at most MOST_IN_A_ROW
+    in a row."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.in_a_row = 0
+
+    def sits_out(self, running: Iterable[Request], queue: WaitingQueue) -> SitsOut | None:
+        """Who sits this step out (background requests), or None: nobody."""
+        if self.in_a_row >= MOST_IN_A_ROW or not background_yields(running, queue, self.threshold):
+            self.in_a_row = 0
+            return None
+        self.in_a_row += 1
+        return partial(is_background, threshold=self.threshold)
+
+    def urgent(self, planned: Iterable[Request]) -> bool:
+        """Whether the step's plan computes an urgent prompt (else there is nothing to yield)."""
+        return urgent_prompt(planned, self.threshold)
+
+
+def nobody(req: Request) -> bool:
+    return False

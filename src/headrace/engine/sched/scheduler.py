@@ -63,6 +63,7 @@ class Scheduler:
         self._finished_ids: list[str] = []  # for the runner to drop their state
         self._last_prefill = 0  # prompt tokens in the last scheduled step
         self.spec = Speculator(config, max_model_len)
+        self.yields = bg.BackgroundYield(config.background_priority)  # background sits out
 
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
@@ -114,15 +115,14 @@ class Scheduler:
         budget = self.budget.next(self.running, self.queue)
         preempted: set[str] = set()
         draft = self._draft if self.spec.begin_step(len(self.running)) else None
-        background = self.config.background_priority
-        quiet = bg.background_yields(self.running, self.queue, background)
-        sits_out = partial(bg.is_background, threshold=background) if quiet else _nobody
+        yields = self.yields.sits_out(self.running, self.queue)
+        sits_out = yields or bg.nobody
         for _ in range(2):  # the second pass only if the urgent prompt could not start
             budget = self.run.plan(budget, plan, preempted, draft, sits_out)
             budget = self._admit(budget, plan, preempted, now, sits_out)
-            if not quiet or bg.urgent_prompt((self.requests[rid] for rid in plan), background):
+            if yields is None or self.yields.urgent(self.requests[rid] for rid in plan):
                 break
-            sits_out = _nobody
+            sits_out = bg.nobody
         return self._build_output(plan, now)
 
     def _draft(self, req: Request, budget: int) -> int:
@@ -294,7 +294,3 @@ class Scheduler:
             (self.kv.prefix_queries_total, self.kv.prefix_hits_total),
             (self.spec.drafted_total, self.spec.accepted_total),
         )  # fmt: skip
-
-
-def _nobody(req: Request) -> bool:
-    return False
