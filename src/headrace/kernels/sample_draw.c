@@ -67,7 +67,8 @@ static void draw_load(draw_source src, int64_t j0, int64_t n, float *xs) {
 }
 
 /* Per token of xs[0 .. n), n <= DRAW_BLOCK: w = exp(x - top), 0 for -inf (and NaN:
- * never drawn), and its bucket (how far below the max, in 1/16 nat; past the last: the last).
+ * never drawn), and (unless bucket is NULL) its bucket (how far below the max, in 1/16 nat;
+ * past the last: the last).
  * Every pass takes both from here, so they agree to the bit. */
 static void draw_lanes(const float *xs, int64_t n, float top, float *w, int32_t *bucket) {
     int64_t j = 0;
@@ -82,13 +83,15 @@ static void draw_lanes(const float *xs, int64_t n, float top, float *w, int32_t 
         _mm512_mask_storeu_ps(w + j, m, _mm512_maskz_mov_ps(real, exp16(_mm512_sub_ps(v, vtop))));
         /* min(NaN, end) is end: a NaN's bucket is the last, as past it */
         const __m512 b = _mm512_min_ps(_mm512_mul_ps(d, scale), end);
-        _mm512_mask_storeu_epi32(bucket + j, m, _mm512_cvttps_epi32(b));
+        if (bucket)
+            _mm512_mask_storeu_epi32(bucket + j, m, _mm512_cvttps_epi32(b));
     }
 #endif
     for (; j < n; j++) {
         const float v = xs[j], d = (top - v) * DRAW_PER_NAT;
         w[j] = v > -INFINITY ? exp_approx(v - top) : 0.0f;
-        bucket[j] = d >= (float)(DRAW_BUCKETS - 1) || d != d ? DRAW_BUCKETS - 1 : (int32_t)d;
+        if (bucket)
+            bucket[j] = d >= (float)(DRAW_BUCKETS - 1) || d != d ? DRAW_BUCKETS - 1 : (int32_t)d;
     }
 }
 
@@ -250,12 +253,12 @@ static draw_token draw_top_p(draw_source src, float top, double p) {
         return (draw_token){-INFINITY, 0.0f, -1}; /* no memory: the caller says so */
     int64_t n = 0;
     float xs[DRAW_BLOCK], w[DRAW_BLOCK], ex[DRAW_BLOCK + 16];
-    int32_t bucket[DRAW_BLOCK], at[DRAW_BLOCK + 16];
+    int32_t at[DRAW_BLOCK + 16];
     for (int64_t j0 = 0; j0 < src.V && n < count[k]; j0 += DRAW_BLOCK) {
         const int64_t m = j0 + DRAW_BLOCK < src.V ? DRAW_BLOCK : src.V - j0;
         draw_load(src, j0, m, xs);
         const int64_t got = draw_select(xs, m, top, k, ex, at);
-        draw_lanes(ex, got, top, w, bucket); /* the same w as the histogram's, to the bit */
+        draw_lanes(ex, got, top, w, NULL); /* the same w as the histogram's, to the bit */
         for (int64_t i = 0; i < got && n < count[k]; i++)
             edge[n++] = (draw_token){ex[i], w[i], (int32_t)(j0 + at[i])};
     }
@@ -270,10 +273,10 @@ static inline int draw_kept(float v, int64_t j, draw_token cut) {
 
 /* The set's w over one block, into w (0 outside the set); returns their sum. */
 static double draw_block(draw_source src, int64_t j0, int64_t n, float top, draw_token cut,
-                         float *w, int32_t *bucket) {
+                         float *w) {
     float xs[DRAW_BLOCK];
     draw_load(src, j0, n, xs);
-    draw_lanes(xs, n, top, w, bucket);
+    draw_lanes(xs, n, top, w, NULL);
     if (cut.id < j0 + n || cut.x > -INFINITY) {
         _Pragma("omp simd")
         for (int64_t j = 0; j < n; j++)
@@ -298,13 +301,12 @@ static int64_t draw_row(draw_source src, double p, double u) {
     const int64_t nb = (V + DRAW_BLOCK - 1) / DRAW_BLOCK;
     double *sums = malloc(sizeof(double) * (size_t)nb);
     float w[DRAW_BLOCK];
-    int32_t bucket[DRAW_BLOCK];
     if (sums == NULL)
         return -1;
     double z = 0.0;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t j0 = b * DRAW_BLOCK, n = j0 + DRAW_BLOCK < V ? DRAW_BLOCK : V - j0;
-        sums[b] = draw_block(src, j0, n, top, cut, w, bucket);
+        sums[b] = draw_block(src, j0, n, top, cut, w);
         z += sums[b];
     }
     const double target = u * z;
@@ -314,7 +316,7 @@ static int64_t draw_row(draw_source src, double p, double u) {
         cum += sums[b++];
     free(sums);
     const int64_t j0 = b * DRAW_BLOCK, n = j0 + DRAW_BLOCK < V ? DRAW_BLOCK : V - j0;
-    draw_block(src, j0, n, top, cut, w, bucket);
+    draw_block(src, j0, n, top, cut, w);
     int64_t last = -1;
     for (int64_t j = 0; j < n; j++) {
         if (w[j] == 0.0f)

@@ -61,9 +61,13 @@ class BackgroundYield:
         self.in_a_row += 1
         return partial(is_background, threshold=self.threshold)
 
-    def urgent(self, planned: Iterable[Request]) -> bool:
-        """Whether the step's plan computes an urgent prompt (else there is nothing to yield)."""
-        return urgent_prompt(planned, self.threshold)
+    def given_back(self, planned: Iterable[Request], running: Iterable[Request]) -> bool:
+        """Whether the step goes back to background requests after all: its plan computes no
+        urgent prompt (the waiting one could not start) and some of them are running (a
+        waiting one would not start either: the queue's head is the urgent request)."""
+        return not urgent_prompt(planned, self.threshold) and any(
+            is_background(r, self.threshold) for r in running
+        )
 
 
 def nobody(req: Request) -> bool:

@@ -120,7 +120,8 @@ class Scheduler:
         for _ in range(2):  # the second pass only if the urgent prompt could not start
             budget = self.run.plan(budget, plan, preempted, draft, sits_out)
             budget = self._admit(budget, plan, preempted, now, sits_out)
-            if yields is None or self.yields.urgent(self.requests[rid] for rid in plan):
+            planned = (self.requests[rid] for rid in plan)
+            if yields is None or not self.yields.given_back(planned, self.running):
                 break
             sits_out = bg.nobody
         return self._build_output(plan, now)
