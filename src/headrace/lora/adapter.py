@@ -9,6 +9,7 @@ with the reason rather than served wrong.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors.torch import load as load_tensors
 
 from headrace.lora.names import LoraError, check_name
 
@@ -42,20 +43,27 @@ class LoraAdapter:
     rank: int
     scaling: float  # lora_alpha / r, or / sqrt(r) for rsLoRA
     weights: dict[Site, tuple[torch.Tensor, torch.Tensor]]  # A [r, in], B [out, r] (fp32)
+    # sha256 of the very bytes parsed (config, then weights): a reload after an eviction
+    # tells the same files from changed ones by it (manager.py), with no window between a
+    # check and the read.
+    digest: str = ""
 
 
 def read_adapter(name: str, path: str | Path, max_rank: int) -> LoraAdapter:
     """The adapter in directory `path`; LoraError for anything missing, malformed or too big."""
     root = Path(path)
-    cfg = _read_config(root / CONFIG)
+    digest = hashlib.sha256()
+    cfg = _read_config(root / CONFIG, digest)
     rank, scaling = _rank_and_scaling(cfg, root / CONFIG, max_rank)
-    weights = _read_weights(root / WEIGHTS, rank)
-    return LoraAdapter(check_name(name), str(root), rank, scaling, weights)
+    weights = _read_weights(root / WEIGHTS, rank, digest)
+    return LoraAdapter(check_name(name), str(root), rank, scaling, weights, digest.hexdigest())
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _read_config(path: Path, digest: hashlib._Hash) -> dict[str, Any]:
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        digest.update(len(data).to_bytes(8, "little") + data)  # the length: where weights start
+        cfg = json.loads(data.decode("utf-8"))
     except OSError as e:
         raise LoraError(f"{path}: cannot read the adapter config: {e.strerror}") from e
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -91,19 +99,21 @@ def _rank_and_scaling(cfg: dict[str, Any], path: Path, max_rank: int) -> tuple[i
     return r, float(alpha) / (math.sqrt(r) if rs else r)
 
 
-def _read_weights(path: Path, rank: int) -> dict[Site, tuple[torch.Tensor, torch.Tensor]]:
-    halves: dict[tuple[int, str, str], torch.Tensor] = {}
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                m = _KEY.search(key)
-                if m is None:
-                    raise LoraError(f"{path}: tensor {key!r} is not a LoRA weight of {PROJECTIONS}")
-                halves[(int(m[1]), m[2], m[3])] = f.get_tensor(key).float()
-    except LoraError:
-        raise
+def _read_weights(
+    path: Path, rank: int, digest: hashlib._Hash
+) -> dict[Site, tuple[torch.Tensor, torch.Tensor]]:
+    try:  # read whole, then parsed: the digest is of exactly what is served
+        data = path.read_bytes()
+        tensors = load_tensors(data)
     except Exception as e:  # a missing file, or safetensors' own error types
         raise LoraError(f"{path}: cannot read the adapter weights ({e})") from e
+    digest.update(data)
+    halves: dict[tuple[int, str, str], torch.Tensor] = {}
+    for key, tensor in tensors.items():
+        m = _KEY.search(key)
+        if m is None:
+            raise LoraError(f"{path}: tensor {key!r} is not a LoRA weight of {PROJECTIONS}")
+        halves[(int(m[1]), m[2], m[3])] = tensor.float()
     return _pairs(halves, path, rank)
 
 

@@ -3,13 +3,15 @@
 Loading checks the whole adapter against the model before it changes anything, so a malformed
 or mismatched adapter leaves what is loaded as it was. Each load gets a new id (never reused):
 the prefix cache is salted with it, so even an adapter reloaded under the same name with other
-weights never meets KV computed by the old one.
+weights never meets KV computed by the old one. With `--max-cpu-loras`, an adapter evicted from
+memory and read again keeps its id while its files are the same (same digest), and gets a new
+one when they changed (registry.py).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import torch
@@ -18,6 +20,7 @@ from headrace.layers.linear import MergedLinear
 from headrace.layers.lora import GATHER_MIN_GROUPS, LoraBatch, LoraDelta, Rows
 from headrace.lora.adapter import LoraAdapter, read_adapter
 from headrace.lora.names import LoraError
+from headrace.lora.registry import Registered, Registry
 from headrace.models.base import CausalLM
 
 log = logging.getLogger(__name__)
@@ -40,33 +43,66 @@ class LoraManager:
         self.model = model
         self.max_rank = max_rank
         self.batch = LoraBatch()
-        self.adapters: dict[str, LoraAdapter] = {}
-        self.ids: dict[str, int] = {}
+        self.registry = Registry()
         self._next_id = 1  # 0 is the base model
 
-    def load(self, name: str, path: str | Path) -> int:
-        """Read, check and install an adapter; its id. LoraError: nothing changed."""
+    @property
+    def ids(self) -> dict[str, int]:
+        """Every registered adapter, its weights in memory or not: name -> id."""
+        return self.registry.ids
+
+    def load(self, name: str, path: str | Path, keep: Collection[int] = ()) -> int:
+        """Read, check, register and install an adapter; its id. LoraError: nothing changed.
+        With `max_resident` adapters in memory, the least recently used one not in `keep`
+        makes room; if all are kept, this one stays on disk until a request needs it."""
         if name in self.ids:
             raise LoraError(f"adapter {name!r} is already loaded")
-        adapter = read_adapter(name, path, self.max_rank)
-        planned = self._plan(adapter)
-        adapter_id, self._next_id = self._next_id, self._next_id + 1
-        for linear, a, b in planned:
-            if linear.lora is None:
-                linear.lora = LoraDelta(self.batch)
-            linear.lora.weights[adapter_id] = (a, b)
-        self.ids[name], self.adapters[name] = adapter_id, adapter
+        adapter, planned = self._read(name, path)
+        adapter_id = self._new_id()
+        self.registry.add(adapter_id, Registered(name, adapter.path, adapter.digest))
+        victims = self.registry.victims(keep, 1)
+        if victims is not None:
+            self._evict(victims)
+            self._install(adapter_id, planned)
         log.info("LoRA adapter %s: rank %d, %d projections", name, adapter.rank, len(planned))
         return adapter_id
 
     def unload(self, name: str) -> None:
-        adapter_id = self.ids.pop(name, None)
+        resident = name in self.ids and self.registry.is_resident(self.ids[name])
+        adapter_id = self.registry.remove(name)
         if adapter_id is None:
             raise LoraError(f"adapter {name!r} is not loaded")
-        del self.adapters[name]
-        for module in self.model.modules():
-            if isinstance(module, MergedLinear) and module.lora is not None:
-                module.lora.weights.pop(adapter_id, None)
+        if resident:
+            self._uninstall(adapter_id)
+
+    def ensure_resident(self, adapter_id: int, keep: Collection[int]) -> int | None:
+        """Make a registered adapter's weights resident, reading its files again (the checks
+        of a first load) after evicting the least recently used adapter not in `keep`.
+        Returns its id: the same, or a new one when its files changed since they were read
+        (KV computed with other weights is never reused); None when every resident adapter
+        is kept (no room now). LoraError: its files cannot be read or checked any more."""
+        entry = self.registry.by_id.get(adapter_id)
+        if entry is None:
+            raise LoraError(f"adapter id {adapter_id} is not loaded (unloaded meanwhile?)")
+        if self.registry.is_resident(adapter_id):
+            return adapter_id
+        victims = self.registry.victims(keep, 1)
+        if victims is None:
+            return None
+        self._evict(victims)  # before the read: never more than max_resident in memory
+        adapter, planned = self._read(entry.name, entry.path)
+        if adapter.digest != entry.digest:
+            log.warning("LoRA adapter %s: its files changed on disk; served anew", entry.name)
+            old, adapter_id = adapter_id, self._new_id()
+            self.registry.rekey(old, adapter_id)
+            entry.digest = adapter.digest
+        self._install(adapter_id, planned)
+        return adapter_id
+
+    def set_max_resident(self, n: int | None) -> None:
+        """At most `n` adapters in memory from now (None: all); evicts the surplus."""
+        self.registry.max_resident = n
+        self._evict(self.registry.victims((), 0) or [])
 
     def id_of(self, name: str | None) -> int:
         """0 for the base model (None); LoraError for an adapter not loaded."""
@@ -80,15 +116,43 @@ class LoraManager:
     def set_rows(self, segments: Sequence[Segment]) -> None:
         """The next forward's rows per adapter (base rows are left out)."""
         by_id: dict[int, list[tuple[int, int]]] = {}
-        known = set(self.ids.values())
         for adapter_id, start, end in segments:
-            if adapter_id not in known:
-                raise LoraError(f"adapter id {adapter_id} is not loaded (unloaded meanwhile?)")
+            if not self.registry.is_resident(adapter_id):
+                raise LoraError(f"adapter id {adapter_id} is not in memory (unloaded meanwhile?)")
             by_id.setdefault(adapter_id, []).append((start, end))
+        self.registry.touch(by_id)
         device = self.model.embed_weight.device
         self.batch.groups = [(i, _rows(spans, device)) for i, spans in by_id.items()]
         self.batch.gathered = _gathered(by_id, device) if len(by_id) >= GATHER_MIN_GROUPS else None
         self.batch.slots = {}
+
+    def _new_id(self) -> int:
+        adapter_id, self._next_id = self._next_id, self._next_id + 1
+        return adapter_id
+
+    def _read(self, name: str, path: str | Path) -> tuple[LoraAdapter, Planned]:
+        adapter = read_adapter(name, path, self.max_rank)
+        planned = self._plan(adapter)
+        self.registry.loads_total += 1
+        return adapter, planned
+
+    def _install(self, adapter_id: int, planned: Planned) -> None:
+        for linear, a, b in planned:
+            if linear.lora is None:
+                linear.lora = LoraDelta(self.batch)
+            linear.lora.weights[adapter_id] = (a, b)
+        self.registry.installed(adapter_id)
+
+    def _evict(self, victims: list[int]) -> None:
+        for adapter_id in victims:
+            self._uninstall(adapter_id)
+            self.registry.evicted(adapter_id)
+            log.info("LoRA adapter id %d evicted from memory (still registered)", adapter_id)
+
+    def _uninstall(self, adapter_id: int) -> None:
+        for module in self.model.modules():
+            if isinstance(module, MergedLinear) and module.lora is not None:
+                module.lora.weights.pop(adapter_id, None)
 
     def _plan(self, adapter: LoraAdapter) -> Planned:
         """Each targeted projection's A [in, R] and scaled B [R, out], checked against the
