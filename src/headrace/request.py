@@ -38,7 +38,12 @@ def prefix_salt(tenant: str, cache_salt: str | None, adapter: str | int | None) 
     The engine salts with the adapter's load id (a reloaded adapter starts afresh), the router's
     affinity index with its name."""
     salt = tenant if cache_salt is None else cache_salt
-    return salt if adapter is None or adapter == 0 else f"{salt}\x00lora:{adapter}"
+    return salt if adapter is None or adapter == 0 else salt + lora_salt_suffix(adapter)
+
+
+def lora_salt_suffix(adapter: str | int) -> str:
+    """What `prefix_salt` appends for an adapter (a request re-salted to a new id swaps it)."""
+    return f"\x00lora:{adapter}"
 
 
 class RequestStatus(enum.Enum):

@@ -127,6 +127,12 @@ class SchedulerConfig:
         8, "preemptions of one request for priority, at most (anti-thrash)"
     )
     max_loras: int = setting(4, "most LoRA adapters in one step; requests of more wait their turn")
+    max_cpu_loras: int | None = setting(
+        None, "most LoRA adapters holding their weights in memory (>= --max-loras); the others "
+        "stay served and are read again from disk when a request needs them, evicting the least "
+        "recently used one no running request uses (default: every adapter stays in memory; "
+        "docs/lora.md)",
+    )  # fmt: skip
     background_priority: int = setting(
         2, "requests this urgent or less (the batch tier's) sit out each step that computes a "
         "more urgent request's prompt (10: never)",
@@ -153,5 +159,10 @@ class SchedulerConfig:
             raise ValueError("num_speculative_tokens and speculative_max_seqs must be >= 0")
         if self.max_loras < 1:
             raise ValueError("max_loras must be positive")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(  # a step's adapters must all fit in memory at once
+                f"--max-cpu-loras {self.max_cpu_loras} is below --max-loras {self.max_loras}: "
+                "the adapters of one step must all be in memory"
+            )
         if self.policy not in ("continuous", "static"):
             raise ValueError(f"unknown scheduler policy {self.policy!r}")

@@ -81,6 +81,10 @@ class StepStats(msgspec.Struct, frozen=True):
     # Per LoRA adapter with requests or tokens: (name, running, waiting, tokens computed since
     # the start), sorted by name.
     lora_requests: tuple[tuple[str, int, int, int], ...] = ()
+    # LoRA adapters read from disk (loads and reloads after an eviction) and evicted from memory
+    # (--max-cpu-loras) since the engine started.
+    lora_loads_total: int = 0
+    lora_evictions_total: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

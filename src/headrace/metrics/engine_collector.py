@@ -46,6 +46,10 @@ ENGINE_SERIES: tuple[tuple[type[Family], str, str, str], ...] = (
      "num_decode_tokens"),
     (COUNTER, "tokens_computed", "Tokens computed (prefill + decode) since start.",
      "num_tokens_total"),
+    (COUNTER, "lora_adapter_loads", "LoRA adapters read from disk (loads and reloads).",
+     "lora_loads_total"),
+    (COUNTER, "lora_adapter_evictions", "LoRA adapters evicted from memory (--max-cpu-loras).",
+     "lora_evictions_total"),
 )  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.core.engine_core import EngineCore, Runner
+from headrace.engine.core.engine_core import EngineCore, Runner, model_runner
 from headrace.engine.messages import (
     AbortRequests,
     CoreOutputs,
@@ -45,10 +45,10 @@ class CoreSpec:
     runner_factory: RunnerFactory | None = None  # default: the real ModelRunner
 
     def build(self) -> EngineCore:
-        if self.runner_factory is None:
-            from headrace.engine.runner.model_runner import ModelRunner  # torch: only in the core
-
-            runner: Runner = ModelRunner(self.model_config, self.cache_config)
+        if self.runner_factory is None:  # the real one (torch: imported only in the core)
+            runner: Runner = model_runner(
+                self.model_config, self.cache_config, self.scheduler_config
+            )
         else:
             runner = self.runner_factory(self.model_config, self.cache_config)
         queue = self.queue_factory() if self.queue_factory is not None else None

@@ -8,14 +8,16 @@ scheduling or updating fails the requests involved.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
+from headrace.engine.core.lora_residency import LoraResidency
 from headrace.engine.core.step_retry import execute_isolating_failures
 from headrace.engine.kv.block_manager import BlockManager
 from headrace.engine.messages import (
@@ -31,6 +33,9 @@ from headrace.engine.sched.lora_stats import lora_counts
 from headrace.engine.sched.scheduler import Scheduler
 from headrace.engine.sched.waiting_queue import WaitingQueue
 from headrace.request import FinishReason, Request, prefix_salt
+
+if TYPE_CHECKING:
+    from headrace.engine.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +84,7 @@ class EngineCore:
         self.last_stats = self.scheduler.stats()
         self.last_step_scheduled = False  # whether the last step ran the model at all
         self.lora_tokens: dict[int, int] = {}  # adapter id -> tokens computed with it
+        self.lora_residency = _lora_residency(scheduler_config, runner, self.scheduler)
 
     @classmethod
     def from_configs(
@@ -89,11 +95,7 @@ class EngineCore:
         queue: WaitingQueue | None = None,
     ) -> EngineCore:
         """Load the model named by `model_config` and build a core around it."""
-        from headrace.engine.runner.model_runner import (
-            ModelRunner,  # torch: import only when needed
-        )
-
-        runner = ModelRunner(model_config, cache_config)
+        runner = model_runner(model_config, cache_config, scheduler_config)
         caching = cache_config.enable_prefix_caching
         sched = scheduler_config.for_device(runner.device.type)
         return cls(sched, runner, queue, enable_prefix_caching=caching)
@@ -148,11 +150,15 @@ class EngineCore:
 
     def _with_loras(self, stats: StepStats) -> StepStats:
         loras = getattr(self.runner, "loras", None)
-        if loras is None or not loras.ids:
+        if loras is None:
             return stats
         names = {i: name for name, i in loras.ids.items()}
         counts = lora_counts(self.scheduler.requests.values(), names, self.lora_tokens)
-        return msgspec.structs.replace(stats, lora_requests=counts)
+        reg = loras.registry
+        return msgspec.structs.replace(
+            stats, lora_requests=counts, lora_loads_total=reg.loads_total,
+            lora_evictions_total=reg.evictions_total,
+        )  # fmt: skip
 
     def _lora_id(self, name: str | None) -> int:
         """The runner's id of adapter `name` (0: the base); ValueError if it is not loaded."""
@@ -199,6 +205,8 @@ class EngineCore:
     def step(self) -> tuple[list[RequestOutput], StepStats]:
         start = time.perf_counter()
         out = self._schedule()
+        if self.lora_residency is not None:
+            self.lora_residency.fail_unreadable()  # their requests end with this step
         result = RunnerOutput(sampled={})
         if not out.is_empty:
             result = execute_isolating_failures(self.runner.execute, out, self._fail_culprit)
@@ -238,6 +246,37 @@ class EngineCore:
             error = f"engine error while updating: {_describe(e)}"
             self.scheduler.fail((s.request_id for s in out.scheduled), error)
             return self.scheduler.take_outputs()
+
+
+def model_runner(
+    model_config: ModelConfig, cache_config: CacheConfig, scheduler_config: SchedulerConfig
+) -> ModelRunner:
+    """The real runner. With --max-cpu-loras its --lora adapters are loaded here, once the
+    cap is set, so that no more than that many are ever in memory (each read and checked)."""
+    from headrace.engine.runner.model_runner import ModelRunner  # torch: only when needed
+
+    cap = scheduler_config.max_cpu_loras
+    if cap is None:
+        return ModelRunner(model_config, cache_config)
+    runner = ModelRunner(dataclasses.replace(model_config, lora=()), cache_config)
+    runner.loras.set_max_resident(cap)
+    for name, path in model_config.lora_paths.items():
+        runner.loras.load(name, path)
+    return runner
+
+
+def _lora_residency(
+    config: SchedulerConfig, runner: Runner, scheduler: Scheduler
+) -> LoraResidency | None:
+    """With --max-cpu-loras, the scheduler admits an adapter request once its weights are in
+    memory (lora_residency.py); without it every adapter always is."""
+    loras = getattr(runner, "loras", None)  # test runners hold no adapters
+    if loras is None or config.max_cpu_loras is None:
+        return None
+    loras.set_max_resident(config.max_cpu_loras)  # a runner built elsewhere: trim it now
+    residency = LoraResidency(loras, scheduler)
+    scheduler.run.lora_ready = residency.ready
+    return residency
 
 
 def _describe(e: Exception) -> str:

@@ -27,13 +27,18 @@ class RunningSet:
         self.config = config
         self.requests: list[Request] = []  # in rank order
         self.num_preemptions_total = 0
+        # Whether an adapter's weights are in memory, made so if they can be (the core's
+        # `LoraResidency.ready`, --max-cpu-loras); asked last, of a request that fits the step
+        self.lora_ready: Callable[[Request], bool] = lambda req: True
 
     def lora_fits(self, req: Request) -> bool:
-        """A request of a LoRA adapter runs only while at most `max_loras` adapters do."""
+        """A request of a LoRA adapter runs only while at most `max_loras` adapters do, and
+        once its adapter's weights are in memory."""
         if not req.lora_id:
             return True
         active = {r.lora_id for r in self.requests if r.lora_id}
-        return req.lora_id in active or len(active) < self.config.max_loras
+        fits = req.lora_id in active or len(active) < self.config.max_loras
+        return fits and self.lora_ready(req)
 
     def add(self, req: Request) -> None:
         req.status = RequestStatus.RUNNING
