@@ -136,7 +136,8 @@ class EngineCore:
             if loras is None:
                 raise ValueError("this engine serves no LoRA adapters")
             if cmd.path is not None:
-                loras.load(cmd.name, cmd.path)
+                running = {r.lora_id for r in self.scheduler.running}  # never evicted for it
+                loras.load(cmd.name, cmd.path, running)
                 return LoraDone(cmd.command_id)
             lora_id = loras.id_of(cmd.name)
             users = [r.request_id for r in self.scheduler.requests.values() if r.lora_id == lora_id]
