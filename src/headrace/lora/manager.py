@@ -118,7 +118,9 @@ class LoraManager:
         by_id: dict[int, list[tuple[int, int]]] = {}
         for adapter_id, start, end in segments:
             if not self.registry.is_resident(adapter_id):
-                raise LoraError(f"adapter id {adapter_id} is not in memory (unloaded meanwhile?)")
+                raise LoraError(
+                    f"adapter id {adapter_id} is not loaded, or not in memory (unloaded meanwhile?)"
+                )
             by_id.setdefault(adapter_id, []).append((start, end))
         self.registry.touch(by_id)
         device = self.model.embed_weight.device
