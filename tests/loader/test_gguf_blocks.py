@@ -1,6 +1,6 @@
 """A GGUF tensor's blocks as `scale * code + offset`: every value given back exactly, for every
-supported type; a converted tiny GGUF keeps them beside its dense weights, and the model's
-projections take them."""
+supported type; a converted tiny GGUF keeps them beside its dense weights, the model's
+projections take them, and a tied head its embedding's Q8_0."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from safetensors import safe_open
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.runner.model_runner import ModelRunner
 from headrace.engine.runner.runner_harness import greedy
-from headrace.kernels import block_linear
+from headrace.kernels import block_linear, q8_head
 from headrace.layers.linear import MergedLinear
 from headrace.loader.blocks import attach_blocks
 from headrace.loader.cache import converted_dir
@@ -26,7 +26,8 @@ from headrace.loader.gguf import dequantize_f32
 from headrace.loader.gguf_blocks import LAYOUT, block_form
 from headrace.loader.hf import BLOCKS_FILE, load_model
 
-BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q4_K: 4, Q.Q5_0: 5, Q.Q5_1: 5, Q.Q5_K: 5, Q.Q6_K: 6}
+BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q4_K: 4, Q.Q5_0: 5, Q.Q5_1: 5, Q.Q5_K: 5, Q.Q6_K: 6, Q.Q8_0: 8}
+SUB_BLOCK = {**{kind: sub for kind, (_, _, sub) in LAYOUT.items()}, Q.Q8_0: 32}
 
 
 def random_k_quant(kind: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -40,7 +41,7 @@ def random_k_quant(kind: Q, rows: int, cols: int, rng: np.random.Generator) -> n
     return raw.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("kind", list(LAYOUT))
+@pytest.mark.parametrize("kind", list(SUB_BLOCK))
 def test_every_value_comes_back_exactly(kind: Q) -> None:
     rng = np.random.default_rng(int(kind))
     if kind in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
@@ -53,7 +54,7 @@ def test_every_value_comes_back_exactly(kind: Q) -> None:
     codes, scale, offset = form
     assert codes.shape == values.shape and scale.shape == offset.shape
     assert (
-        int(codes.max()) < 1 << BITS[kind] and codes.shape[1] // scale.shape[1] == LAYOUT[kind][2]
+        int(codes.max()) < 1 << BITS[kind] and codes.shape[1] // scale.shape[1] == SUB_BLOCK[kind]
     )
     back = block_linear.dequantize(*(torch.from_numpy(a) for a in form))
     assert torch.equal(back, torch.from_numpy(values))
@@ -61,8 +62,6 @@ def test_every_value_comes_back_exactly(kind: Q) -> None:
 
 def test_types_without_the_form() -> None:
     data = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
-    raw = quantize(data, Q.Q8_0)  # signed 8-bit codes: past the kernel's 7 bits
-    assert block_form(raw, Q.Q8_0, dequantize_f32(raw, Q.Q8_0)) is None
     assert block_form(data, Q.F32, data) is None
     raw = quantize(data, Q.Q5_0)
     raw[0, :2] = np.array([np.nan], dtype=np.float16).view(np.uint8)  # a broken block header
@@ -81,7 +80,7 @@ def test_a_converted_gguf_keeps_its_blocks_for_the_projections(arch: str, tmp_pa
     layers = hf_model.config.num_hidden_layers
     with safe_open(str(model_dir / BLOCKS_FILE), framework="pt") as f:
         names = sorted({k.rsplit(".", 1)[0] for k in f.keys()})  # noqa: SIM118
-        assert len(names) == 7 * layers  # q k v o gate up down
+        assert len(names) == 7 * layers + 1  # q k v o gate up down, and the Q8_0 embedding
         state = hf_model.state_dict()
         for name in names:  # the weights the dense file holds, q/k rows unpermuted too
             parts = (f.get_tensor(f"{name}.{p}") for p in ("codes", "scale", "offset"))
@@ -90,6 +89,16 @@ def test_a_converted_gguf_keeps_its_blocks_for_the_projections(arch: str, tmp_pa
         pytest.skip("no AVX-512 BF16: the kernel cannot take the blocks here")
     model, _ = load_model(model_dir, torch.bfloat16, torch.device("cpu"), 64)
     assert attach_blocks(model, model_dir) == (4 * layers, 4 * layers)
+    if hf_model.config.tie_word_embeddings:  # the head reads the embedding's Q8_0 blocks
+        assert model.q8_head is not None
+        embed = state["model.embed_tokens.weight"].double()
+        x = torch.randn(3, model.args.hidden_size).bfloat16()
+        exact = x.double() @ embed.t()
+        slack = x.shape[1] * 2.0**-23 * (x.double().abs() @ embed.abs().t())
+        assert ((q8_head.logits(x, model.q8_head).double() - exact).abs() <= slack).all()
+        cap = model.args.final_logit_softcapping or 0.0
+        want = torch.tanh(exact / cap) * cap if cap else exact
+        assert torch.allclose(model.compute_logits(x).double(), want, atol=1e-4)
     mlp = model.get_submodule("model.layers.0.mlp.gate_up_proj")
     x = torch.randn(2, mlp.in_features).bfloat16()
     want = (
@@ -113,7 +122,7 @@ def test_the_setting_takes_the_blocks_or_leaves_them(
     monkeypatch.setenv("HEADRACE_CACHE", str(tmp_path / "cache"))
     hf_model = make_tiny("llama", tmp_path / "hf")
     write_tiny_gguf(hf_model, "llama", tmp_path / "tiny.gguf", layers=Q.Q4_0)
-    taken = {}
+    taken, heads = {}, {}
     for setting in ("auto", "off"):
         config = ModelConfig(
             model=str(tmp_path / "tiny.gguf"), dtype="bfloat16", device="cpu", gguf_blocks=setting
@@ -122,7 +131,10 @@ def test_the_setting_takes_the_blocks_or_leaves_them(
         taken[setting] = sum(
             m.blocks is not None for m in runner.model.modules() if isinstance(m, MergedLinear)
         )
+        heads[setting] = runner.model.q8_head is not None
         assert greedy(runner, prompts(2), 8)  # and it generates
     assert taken == {"auto": 4 * hf_model.config.num_hidden_layers, "off": 0}
+    tied = hf_model.config.tie_word_embeddings and q8_head.supported(16, 32)
+    assert heads == {"auto": tied, "off": False}
     with pytest.raises(ValueError, match="gguf_blocks"):
         ModelConfig(gguf_blocks="on")

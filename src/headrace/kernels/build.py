@@ -1,6 +1,6 @@
 """Compile `cpu_kernels.c`, `paged_decode.c`, `int8_head.c`, `int8_screen.c`, `int8_linear.c`,
-`bf16_linear.c`, `block_linear.c`, `sample_draw.c` and `screened_row.c` with the machine's C
-compiler once, cache the library, load it.
+`bf16_linear.c`, `block_linear.c`, `q8_head.c`, `sample_draw.c` and `screened_row.c` with the
+machine's C compiler once, cache the library, load it.
 
 A plain C library through ctypes rather than a torch C++ extension: it builds in about 0.4 s
 (no torch headers), so the first start ever stays fast, and a later start loads it from the
@@ -38,6 +38,7 @@ NAMES = (
     "int8_linear.c",
     "bf16_linear.c",
     "block_linear.c",
+    "q8_head.c",
     "sample_draw.c",
     "screened_row.c",
 )
@@ -169,7 +170,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.linear_bf16.restype = None
     lib.linear_blocks.argtypes = [PTR, I64, I64, I64, I64, PTR, I64, PTR, PTR]
     lib.linear_blocks.restype = ctypes.c_int
-    for name in ("head_q8_vnni", "head_q8_amx", "linear_bf16_supported", "linear_blocks_supported"):
+    lib.q8_head.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR]
+    lib.q8_head.restype = ctypes.c_int
+    supported = ("linear_bf16_supported", "linear_blocks_supported", "q8_head_supported")
+    for name in ("head_q8_vnni", "head_q8_amx", *supported):
         fn = getattr(lib, name)
         fn.argtypes = []
         fn.restype = ctypes.c_int

@@ -1,6 +1,7 @@
 """Give a loaded model's projections the quantized blocks its GGUF stored them in
 (`gguf_blocks.py`, kept by the conversion in BLOCKS_FILE), for decode steps that compute with
-them (`MergedLinear.use_blocks`, kernels/block_linear.py)."""
+them (`MergedLinear.use_blocks`, kernels/block_linear.py), and a tied head its embedding's Q8_0
+blocks (`CausalLM.use_head_blocks`, kernels/q8_head.py)."""
 
 from __future__ import annotations
 
@@ -40,4 +41,7 @@ def attach_blocks(model: CausalLM, model_dir: Path) -> tuple[int, int]:
             if len({c.shape[1] // s.shape[1] for c, s in zip(codes, scale, strict=True)}) > 1:
                 continue  # parts with blocks of different sizes
             used += module.use_blocks(torch.cat(codes), torch.cat(scale), torch.cat(offset))
+        head = "model.embed_tokens.weight"
+        if all(f"{head}.{k}" in stored for k in PARTS):
+            model.use_head_blocks(*(f.get_tensor(f"{head}.{k}") for k in PARTS))
     return used, len(linears)

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 COMPLETE = ".complete"
 DIGESTS = "digests.json"
 # Part of the cache key: bump when the conversion's output (loader/gguf.py) changes.
-CONVERTER_VERSION = 2  # 2: gguf_blocks.safetensors
+CONVERTER_VERSION = 3  # 2: gguf_blocks.safetensors; 3: with the embedding's Q8_0 blocks
 
 
 def file_digest(path: Path, root: Path | None = None) -> str:

@@ -127,6 +127,12 @@ def dequantize_f32(raw: np.ndarray, kind: GGMLQuantizationType) -> np.ndarray:
     return values.view(*rows, -1).numpy()
 
 
+def _keeps_blocks(name: str) -> bool:
+    """The layers' projections (kernels/block_linear.py) and the embedding, which a tied head
+    reads (kernels/q8_head.py)."""
+    return name.startswith("model.layers.") or name == "model.embed_tokens.weight"
+
+
 def convert_gguf(path: Path, out_dir: Path) -> None:
     """Write the HF directory for the GGUF at `path` into `out_dir` (which must exist)."""
     start = time.monotonic()
@@ -148,7 +154,7 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
             data = dequantize_f32(raw, t.tensor_type)
         except Exception as e:
             raise ModelLoadError(f"{path}: cannot dequantize tensor {t.name!r}: {e}") from e
-        if name.startswith("model.layers.") and (form := block_form(raw, t.tensor_type, data)):
+        if _keeps_blocks(name) and (form := block_form(raw, t.tensor_type, data)):
             for part, array in zip(("codes", "scale", "offset"), form, strict=True):
                 array = convert_tensor(name, array, arch, cfg)  # the same rows as the weight
                 blocks[f"{name}.{part}"] = torch.from_numpy(np.ascontiguousarray(array))

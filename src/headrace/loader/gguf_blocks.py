@@ -6,7 +6,9 @@ with small integer q: Q4_0 `d (q - 8)`, Q5_0 `d (q - 16)`, Q4_1 / Q5_1 `d q + m`
 `d sc_j q - dmin m_j` (sub-blocks of 32), Q6_K `d sc_j (q - 32)` (sub-blocks of 16). The scales
 and offsets come from each block's header; the codes from the dequantized values, and
 `scale * code + offset` is checked to give back every value exactly (else None: the tensor
-keeps only its dense form). Q8_0's signed 8-bit codes do not fit the kernel's 7 bits.
+keeps only its dense form). Q8_0 `d q` (int8 q) is read straight from its bytes as code q + 128,
+offset -128 d: its 8-bit codes do not fit block_linear's 7 bits, but the head's kernel
+(kernels/q8_head.py) reads them.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def scale_offset(raw: np.ndarray, kind: Q) -> tuple[np.ndarray, np.ndarray]:
 def block_form(raw: np.ndarray, kind: Q, values: np.ndarray) -> Blocks | None:
     """raw [N, row bytes] u8 of a 2-D tensor and its dequantized values [N, K] f32 ->
     (codes, scale, offset), or None where the type has no such form."""
+    if kind == Q.Q8_0 and raw.ndim == 2 and values.ndim == 2:
+        return q8_0_form(raw, values.shape)
     if kind not in LAYOUT or raw.ndim != 2 or values.ndim != 2:
         return None
     size, per_block, sub = LAYOUT[kind]
@@ -66,3 +70,18 @@ def block_form(raw: np.ndarray, kind: Q, values: np.ndarray) -> Blocks | None:
     if not np.array_equal(wide_s * codes.astype(np.float32) + wide_o, values):
         return None
     return codes, scale.astype(np.float32), offset.astype(np.float32)
+
+
+def q8_0_form(raw: np.ndarray, shape: tuple[int, ...]) -> Blocks | None:
+    """Q8_0 blocks (an fp16 d, 32 int8 q: 34 bytes) as codes q + 128, scale d, offset -128 d:
+    `d * q` exactly, as the dequantized values are."""
+    n, k = shape
+    if k % 32 or raw.size != n * (k // 32) * 34:
+        return None
+    blocks = np.asarray(raw).reshape(-1, 34)
+    scale = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(np.float32)
+    if not np.isfinite(scale).all():
+        return None
+    codes = np.ascontiguousarray(blocks[:, 2:]).view(np.int8).astype(np.int16) + 128
+    scale = scale.reshape(n, k // 32)
+    return codes.astype(np.uint8).reshape(n, k), scale, scale * np.float32(-128)

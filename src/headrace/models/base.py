@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headrace.kernels import q8_head
 from headrace.layers.attention import AttentionMetadata
 from headrace.layers.linear import MergedLinear, pack_weight, packed_linear
 from headrace.layers.rotary import RotaryEmbedding
@@ -35,6 +36,7 @@ class CausalLM(nn.Module):
         self.ropes: dict[str, RotaryEmbedding] = {}
         self.lm_head: nn.Module | None = None
         self.packed_head: torch.Tensor | None = None
+        self.q8_head: q8_head.Q8Head | None = None  # a GGUF's Q8_0 head, for few-row steps
 
     @classmethod
     def parse_config(cls, cfg: dict[str, Any]) -> ModelArgs:
@@ -67,8 +69,32 @@ class CausalLM(nn.Module):
         ]
         return sum(m.quantize() for m in linears)
 
+    def use_head_blocks(
+        self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
+    ) -> bool:
+        """Take a tied bf16 head's Q8_0 blocks (loader/gguf_blocks.py's form) for steps of up to
+        q8_head.MAX_ROWS rows; False where they are not Q8_0's or the kernel cannot serve."""
+        weight = self.embed_weight
+        if self.lm_head is not None or weight.dtype != torch.bfloat16:
+            return False
+        if weight.device.type != "cpu":
+            return False
+        if tuple(codes.shape) != tuple(weight.shape) or not q8_head.supported(*weight.shape):
+            return False
+        form = q8_head.q8_form(codes, scale, offset)
+        if form is None:
+            return False
+        self.q8_head = q8_head.pack(*form)
+        return True
+
+    @property
+    def few_row_head(self) -> int:
+        """Steps of up to this many rows compute their logits on the Q8_0 head (0: none)."""
+        return q8_head.MAX_ROWS if self.q8_head is not None else 0
+
     def make_row_invariant(self) -> tuple[int, int]:
         """Every projection on its row-independent path (--deterministic): (switched, all)."""
+        self.q8_head = None
         linears = [m for m in self.modules() if isinstance(m, MergedLinear)]
         return sum(m.make_row_invariant() for m in linears), len(linears)
 
@@ -97,6 +123,8 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [S, H] -> [S, V]
         if self.lm_head is not None:
             logits = self.lm_head(hidden)
+        elif self.q8_head is not None and _few_bf16_rows(hidden):
+            logits = q8_head.logits(hidden, self.q8_head)
         elif self.packed_head is not None:
             logits = packed_linear(hidden, self.packed_head, None)
         elif hidden.device.type == "cpu" and hidden.dtype == torch.float32 and len(hidden) <= 64:
@@ -108,6 +136,15 @@ class CausalLM(nn.Module):
         if cap:
             logits = torch.tanh(logits.float() / cap) * cap
         return logits  # the model's dtype: the sampler casts only rows it draws from
+
+
+def _few_bf16_rows(hidden: torch.Tensor) -> bool:
+    return (
+        hidden.dim() == 2
+        and 0 < len(hidden) <= q8_head.MAX_ROWS
+        and hidden.dtype == torch.bfloat16
+        and hidden.device.type == "cpu"
+    )
 
 
 class Embedding(nn.Module):

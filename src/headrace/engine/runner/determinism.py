@@ -39,6 +39,8 @@ def choose_matmuls(model: CausalLM, config: ModelConfig, model_dir: Path) -> Non
         used, total = attach_blocks(model, model_dir)
         if used:
             log.info("GGUF blocks: %d of %d projections, in steps of 1-4 tokens", used, total)
+        if model.q8_head is not None:
+            log.info("GGUF blocks: the head's Q8_0, in steps of 1-4 rows")
     if config.int8_matmuls == "off":
         return
     quantized = model.quantize_matmuls()

@@ -297,4 +297,4 @@ def _screened_sampler(model: CausalLM, head: Int8GreedyHead | None) -> ScreenedS
         or not switched_on("HEADRACE_SCREENED_SAMPLER")
     ):
         return None
-    return ScreenedSampler(head)
+    return ScreenedSampler(head, few_rows=model.few_row_head)

@@ -82,7 +82,10 @@ class ScreenedSampler:
     # at 0.4x: noise); so every step. A deployment can raise it.
     min_rows = 1
 
-    def __init__(self, head: Int8GreedyHead, seed: int | None = None) -> None:
+    def __init__(self, head: Int8GreedyHead, seed: int | None = None, few_rows: int = 0) -> None:
+        """few_rows: a step with at most these sampled rows leaves them to the full head, which
+        the model has that cheap for so few (head_picks.py)."""
+        self.few_rows = few_rows
         self.env = Int8Envelope(head)
         self.weight = head.weight  # [V, H] bf16, H padded as the envelope's x
         self.vocab = self.env.vocab
