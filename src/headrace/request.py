@@ -18,6 +18,8 @@ MAX_LOGIT_BIAS = 100.0  # biases in [-100, 100]
 MAX_LOGIT_BIAS_ENTRIES = 300  # as OpenAI
 MAX_BAD_WORD_SEQUENCES = 128  # token sequences (a word gives one or two: with a leading space)
 MAX_BAD_WORD_TOKENS = 64  # tokens in one sequence
+MAX_TOKENS_LIMIT = 1_000_000  # schema bound; the model's context is the real limit
+SEED_MAX = 2**63 - 1  # a seed the API and the replica wire accept
 
 
 class FinishReason(enum.StrEnum):

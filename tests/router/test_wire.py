@@ -7,13 +7,11 @@ import json
 import math
 
 import pytest
-from pydantic import ValidationError
 
-from headrace.api import replica_schemas
 from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.engine.messages import StepStats, TokenLogprobs
 from headrace.request import FinishReason, SamplingParams
-from headrace.router import wire
+from headrace.router import deadlines, wire
 
 
 def roundtrip(data: object) -> dict:  # through real JSON text, as on the wire
@@ -25,11 +23,11 @@ def test_request_roundtrip() -> None:
     params = SamplingParams(max_tokens=7, temperature=0.5, top_k=3, seed=9, stop=("x", "yz"),
                             stop_token_ids=(2,), logprobs=2)  # fmt: skip
     options = GenerateOptions(priority=0, tenant="acme", weight=2.0, timeout_s=3.5, lora="support")
-    data = roundtrip(wire.request_json("r1", "m", [1, 5, 9], params, options))
+    data = json.loads(wire.encode_request("r1", "m", [1, 5, 9], params, options))
     assert data["prompt_token_ids"] == [1, 5, 9]
-    assert replica_schemas.params_from_json(data["params"]) == params
-    assert replica_schemas.options_from_json(data["options"]) == options
-    body = replica_schemas.ReplicaGenerateBody.model_validate(data)
+    assert wire.decode(data["params"], wire.WireParams).sampling_params() == params
+    assert wire.decode(data["options"], wire.WireOptions).generate_options() == options
+    body = wire.decode(data, wire.ReplicaGenerateBody)
     assert body.params.sampling_params() == params
     assert body.options.generate_options(arrival_time=5.0).arrival_time == 5.0
 
@@ -39,23 +37,23 @@ def test_logits_processor_fields_roundtrip() -> None:
         max_tokens=9, presence_penalty=0.5, frequency_penalty=-1.25, repetition_penalty=1.1,
         logit_bias=((5, -100.0), (17, 2.5)), min_p=0.05, min_tokens=3, bad_words=((4,), (6, 7)),
     )  # fmt: skip
-    data = roundtrip(wire.request_json("r1", "m", [1, 5], params, GenerateOptions()))
+    data = json.loads(wire.encode_request("r1", "m", [1, 5], params, GenerateOptions()))
     assert data["params"]["logit_bias"] == {"5": -100.0, "17": 2.5}
-    assert replica_schemas.params_from_json(data["params"]) == params
-    body = replica_schemas.ReplicaGenerateBody.model_validate(data)
+    assert wire.decode(data["params"], wire.WireParams).sampling_params() == params
+    body = wire.decode(data, wire.ReplicaGenerateBody)
     assert body.params.sampling_params() == params
     assert dict(body.params.token_ids())["params.bad_words"] == [4, 6, 7]
 
 
 def test_the_wire_sends_the_time_left_not_a_clock() -> None:
     options = GenerateOptions(timeout_s=10.0, queue_timeout_s=2.0, arrival_time=100.0)
-    left = wire.time_left(options, now=103.0)
-    assert (left.timeout_s, left.queue_timeout_s, left.arrival_time) == (7.0, wire.MIN_TIMEOUT_S,
-                                                                         None)  # fmt: skip
-    sent = wire.request_json("r", "m", [1], SamplingParams(), options)["options"]
+    left = deadlines.time_left(options, now=103.0)
+    floor = deadlines.MIN_TIMEOUT_S
+    assert (left.timeout_s, left.queue_timeout_s, left.arrival_time) == (7.0, floor, None)
+    sent = json.loads(wire.encode_request("r", "m", [1], SamplingParams(), options))["options"]
     assert sent["arrival_time"] is None and 0 < sent["timeout_s"] <= 10.0
     plain = GenerateOptions(timeout_s=10.0)  # no arrival time: nothing to subtract
-    assert wire.time_left(plain, now=1e9) is plain
+    assert deadlines.time_left(plain, now=1e9) is plain
 
 
 @pytest.mark.parametrize(
@@ -86,8 +84,8 @@ def test_the_wire_sends_the_time_left_not_a_clock() -> None:
     ],
 )
 def test_bad_params_are_refused_naming_the_field(params: dict, field: str) -> None:
-    with pytest.raises(ValidationError) as e:
-        replica_schemas.params_from_json(params)
+    with pytest.raises(wire.WireError) as e:
+        wire.decode(params, wire.WireParams)
     assert e.value.errors()[0]["loc"][0] == field
 
 
@@ -111,8 +109,8 @@ def test_bad_params_are_refused_naming_the_field(params: dict, field: str) -> No
     ],
 )
 def test_bad_options_are_refused_naming_the_field(options: dict, field: str) -> None:
-    with pytest.raises(ValidationError) as e:
-        replica_schemas.options_from_json(options)
+    with pytest.raises(wire.WireError) as e:
+        wire.decode(options, wire.WireOptions)
     assert e.value.errors()[0]["loc"][0] == field
 
 

@@ -4,7 +4,7 @@ wants its live load.
 - `GET /v1/stats`: per model, its context length, whether it serves, its summed `StepStats`
   and, behind a router, each replica's state and load.
 - `POST /v1/replica/generate`: one request as token ids with the front end's sampling params
-  and options (`replica_schemas.ReplicaGenerateBody`, validated: a bad field is a 400 naming
+  and options (`router/wire.py`'s `ReplicaGenerateBody`, validated: a bad field is a 400 naming
   it); streams one SSE event per `GenerationChunk` (the first and the last also carry the
   engine's stats),
   then `[DONE]`. A request that can never fit is a 400 before the stream starts. While the
@@ -23,15 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from headrace.api.arrival import arrival_time
-from headrace.api.errors import APIError, bad_request
+from headrace.api.errors import APIError, bad_request, describe_validation_errors
 from headrace.api.outcomes import engine_failure
-from headrace.api.replica_schemas import ReplicaAbortBody, ReplicaGenerateBody
 from headrace.api.schemas import error_responses
 from headrace.api.serving import unless_disconnected
 from headrace.api.sse import DONE, SSEResponse, encode_event
@@ -40,10 +40,19 @@ from headrace.engine.frontend.client import EngineClient, GenerationChunk
 from headrace.gateway.access import Scope
 from headrace.loader.tokenizer import Tokenizer as ModelTokenizer
 from headrace.request import FinishReason
-from headrace.router.wire import chunk_json, stats_json
+from headrace.router.wire import (
+    ReplicaAbortBody,
+    ReplicaGenerateBody,
+    WireError,
+    chunk_json,
+    decode,
+    stats_json,
+)
 
 KEEPALIVE_S = 2.0  # a front end's read timeout (--replica-read-timeout-s) must exceed it
 KEEPALIVE = b": keep-alive\n\n"
+
+T = TypeVar("T")
 
 
 def _access(scope: Scope) -> Callable[[Request], Awaitable[None]]:
@@ -51,6 +60,33 @@ def _access(scope: Scope) -> Callable[[Request], Awaitable[None]]:
         app_state(request).gateway.access.authorize(scope, request.headers)
 
     return check
+
+
+async def _body(request: Request, kind: type[T]) -> T:
+    """The body as the wire type `kind`; one that is not is a 400 naming the field, as a bad
+    field of the public API is."""
+    try:
+        return decode(await request.body(), kind)
+    except WireError as e:
+        raise bad_request(*describe_validation_errors(e.errors())) from e
+
+
+def _body_schema(kind: type[Any]) -> dict[str, Any]:
+    """The route's body in /openapi.json, so that fuzzing and clients see it: msgspec's JSON
+    schema of `kind` with its `$defs` inlined (they are not OpenAPI's components)."""
+    schema = msgspec.json.schema(kind)
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = str(node.get("$ref", ""))
+            if ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {k: inline(v) for k, v in node.items()}
+        return [inline(v) for v in node] if isinstance(node, list) else node
+
+    content = {"application/json": {"schema": inline(schema)}}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 router = APIRouter()
@@ -89,16 +125,18 @@ async def tokenizer(request: Request, model: str) -> dict[str, Any]:
             "architecture": tok.architecture}  # fmt: skip
 
 
-@_replica.post("/v1/replica/abort")
-async def abort(body: ReplicaAbortBody, request: Request) -> JSONResponse:
+@_replica.post("/v1/replica/abort", openapi_extra=_body_schema(ReplicaAbortBody))
+async def abort(request: Request) -> JSONResponse:
+    body = await _body(request, ReplicaAbortBody)
     engine = app_state(request).engines.get(body.model)
     if engine is not None:
         await engine.abort(body.request_id)
     return JSONResponse({"aborted": body.request_id})
 
 
-@_replica.post("/v1/replica/generate")
-async def generate(body: ReplicaGenerateBody, request: Request) -> Response:
+@_replica.post("/v1/replica/generate", openapi_extra=_body_schema(ReplicaGenerateBody))
+async def generate(request: Request) -> Response:
+    body = await _body(request, ReplicaGenerateBody)
     state = app_state(request)
     _, engine = state.engine_for(body.model)
     _check_vocabulary(engine, body)

@@ -19,13 +19,13 @@ from headrace.request import (
     MAX_LOGIT_BIAS,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_PENALTY,
+    MAX_TOKENS_LIMIT,
     MIN_REPETITION_PENALTY,
+    SEED_MAX,
 )
 
 MAX_N = 16  # choices of one request (`n`); each is computed, the prompt once
-MAX_TOKENS_LIMIT = 1_000_000  # schema bound; the model's context is the real limit
 MAX_CHAT_MESSAGES = 2048  # as OpenAI: a longer conversation is a flood, not a chat
-SEED_MAX = 2**63 - 1
 MAX_CALLS_IN_HISTORY = 128  # tool calls of one assistant message
 
 _STRICT = ConfigDict(strict=True, allow_inf_nan=False)

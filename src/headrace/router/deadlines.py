@@ -1,5 +1,6 @@
-"""Deadlines of a request sent again (a retry, a resumed stream): they keep counting from its
-first arrival at the router."""
+"""Deadlines of a request that travels on: sent again (a retry, a resumed stream) they keep
+counting from its first arrival at the router; sent to another machine (a remote or Ray
+replica) they go as the time left, since a monotonic clock means nothing there."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import time
 
 from headrace.engine.frontend.client import GenerateOptions
 
-_MIN_TIMEOUT_S = 0.001
+MIN_TIMEOUT_S = 0.001  # what is left of a deadline that ran out on the way: it ends at once
+
+
+def time_left(options: GenerateOptions, now: float | None = None) -> GenerateOptions:
+    """The options with deadlines as the time left and no `arrival_time`, for another machine."""
+    if options.arrival_time is None:
+        return options
+    spent = max((time.monotonic() if now is None else now) - options.arrival_time, 0.0)
+    return dataclasses.replace(_less(options, spent), arrival_time=None)
 
 
 def time_left_since(opts: GenerateOptions, t0: float) -> GenerateOptions:
@@ -19,9 +28,14 @@ def time_left_since(opts: GenerateOptions, t0: float) -> GenerateOptions:
         return opts
     if opts.timeout_s is None and opts.queue_timeout_s is None:
         return opts
+    return _less(opts, spent)
+
+
+def _less(opts: GenerateOptions, spent: float) -> GenerateOptions:
+    """Both deadlines `spent` seconds shorter, never below `MIN_TIMEOUT_S`."""
 
     def left(limit: float | None) -> float | None:
-        return None if limit is None else max(limit - spent, _MIN_TIMEOUT_S)
+        return None if limit is None else max(limit - spent, MIN_TIMEOUT_S)
 
     return dataclasses.replace(
         opts, timeout_s=left(opts.timeout_s), queue_timeout_s=left(opts.queue_timeout_s)

@@ -33,8 +33,8 @@ from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.messages import StepStats
 from headrace.request import FinishReason, SamplingParams
+from headrace.router.deadlines import time_left
 from headrace.router.ray_actor import Pulled, Refusal, ReplicaReady
-from headrace.router.wire import time_left
 
 log = logging.getLogger("headrace.router")
 

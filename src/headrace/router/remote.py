@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,7 +27,12 @@ from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.engine.frontend.tokenizer import Tokenizer
 from headrace.engine.messages import StepStats
 from headrace.request import FinishReason, SamplingParams
-from headrace.router.wire import chunk_from_json, request_json, stats_from_json
+from headrace.router.wire import (
+    ReplicaAbortBody,
+    chunk_from_json,
+    encode_request,
+    stats_from_json,
+)
 
 log = logging.getLogger("headrace.router")
 
@@ -36,6 +40,7 @@ POLL_INTERVAL_S = 0.25
 POLL_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0  # RouterConfig.replica_read_timeout_s
 CONNECT_TIMEOUT_S = 10.0
+JSON = {"content-type": "application/json"}  # the bodies are msgspec's bytes
 
 
 class RemoteEngine:
@@ -139,14 +144,15 @@ class RemoteEngine:
         options: GenerateOptions | None = None,
     ) -> AsyncIterator[GenerationChunk]:
         opts = options or GenerateOptions()
-        body = request_json(request_id, self._model, prompt_token_ids, params, opts)
+        body = encode_request(request_id, self._model, prompt_token_ids, params, opts)
         if not self.is_healthy:
             yield _error(request_id, f"remote replica {self.url} is down: {self._failure}")
             return
         try:
             async with self._client.stream(
-                "POST", "/v1/replica/generate", json=body, timeout=self._stream_timeout
-            ) as resp:
+                "POST", "/v1/replica/generate", content=body, headers=JSON,
+                timeout=self._stream_timeout,
+            ) as resp:  # fmt: skip
                 if resp.status_code != 200:
                     yield await self._refused(request_id, resp)
                     return
@@ -166,10 +172,10 @@ class RemoteEngine:
     async def abort(self, request_id: str) -> None:
         """Ask the server to end it; the stream then ends with an `abort` chunk."""
         with contextlib.suppress(httpx.HTTPError):
+            body = msgspec.json.encode(ReplicaAbortBody(request_id, self._model))
             await self._client.post(
-                "/v1/replica/abort", json={"request_id": request_id, "model": self._model},
-                timeout=POLL_TIMEOUT_S,
-            )  # fmt: skip
+                "/v1/replica/abort", content=body, headers=JSON, timeout=POLL_TIMEOUT_S
+            )
 
     async def close(self) -> None:
         if self._closed:
@@ -193,7 +199,7 @@ class RemoteEngine:
             if data == "[DONE]":
                 return
             try:
-                chunk = self._event(request_id, json.loads(data))
+                chunk = self._event(request_id, msgspec.json.decode(data))
             except (ValueError, LookupError, TypeError, AttributeError, msgspec.MsgspecError) as e:
                 # The server's fault, not the request's (a ValueError would answer 400).
                 self._fail(f"a malformed event: {type(e).__name__}: {e}")
@@ -260,9 +266,11 @@ async def _get_json(client: httpx.AsyncClient, path: str, **params: str) -> dict
 async def _check_replica_api(client: httpx.AsyncClient, model: str) -> None:
     """Refuse at start a server whose replica API is off or needs another key (its stats may
     be open while it is): otherwise it would fail every request routed to it, then rejoin."""
-    probe = {"request_id": "headrace-probe", "model": model}  # aborting nothing is harmless
+    probe = msgspec.json.encode(ReplicaAbortBody("headrace-probe", model))  # aborts nothing
     try:
-        resp = await client.post("/v1/replica/abort", json=probe, timeout=POLL_TIMEOUT_S)
+        resp = await client.post(
+            "/v1/replica/abort", content=probe, headers=JSON, timeout=POLL_TIMEOUT_S
+        )
     except httpx.HTTPError as e:
         raise RuntimeError(f"{client.base_url}: {type(e).__name__}: {e}") from e
     if resp.status_code != 200:
