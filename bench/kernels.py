@@ -25,7 +25,10 @@
   270M's Q4_K_M block types (qkv and gate_up Q5_0, o Q4_K, down Q6_K) at 1-8 rows, 18 weights
   in turn; ms per layer, the ratio is bf16 kernel time / blocks time;
 * the greedy head, [R, 640] hidden rows -> token ids over a 262144 x 640 bf16 head (random
-  weights of Gemma's scale): the exact int8 head vs the bf16 oneDNN matmul + argmax kernel.
+  weights of Gemma's scale): the exact int8 head vs the bf16 oneDNN matmul + argmax kernel;
+* a few-row step's sampled logits over the same head (`q8head`): the Q8_0 head
+  (kernels/q8_head.py, fp32 logits) vs the bf16 oneDNN head and the int8 envelope (what the
+  screened sampler reads before its rejection), at 1-4 rows.
 
 Each figure is the best of several rounds, the two sides alternating.
 """
@@ -47,8 +50,9 @@ import forward  # noqa: E402  (beside this script)
 
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.step_inputs import build_step_inputs
-from headrace.kernels import bf16_linear, block_linear, fused
+from headrace.kernels import bf16_linear, block_linear, fused, q8_head
 from headrace.kernels.argmax import argmax_rows
+from headrace.kernels.int8_envelope import Int8Envelope
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_linear import Int8Linear
 from headrace.kernels.token_mask import _torch_mask, mask_tokens
@@ -206,6 +210,26 @@ def head_cases(rows: list[int], repeats: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def q8_head_cases(repeats: int) -> dict[str, dict[str, float]]:
+    q = torch.randint(-127, 128, (VOCAB, 640), dtype=torch.int8)
+    d = (torch.rand(VOCAB, 20) * 4e-4 + 1e-4).half()
+    weight = (q.float() * d.float().repeat_interleave(32, dim=1)).bfloat16()
+    packed, q8, env = pack_weight(weight), q8_head.pack(q, d), Int8Envelope(Int8GreedyHead(weight))
+    out = {}
+    for r in (1, 2, 3, 4):
+        x = (torch.randn(r, 640) * 3).bfloat16()
+        bf16_ms = best_ms(
+            lambda x=x: packed_linear(x, packed, None) if packed is not None else x @ weight.t(),
+            repeats,
+        )
+        q8_ms = best_ms(lambda x=x: q8_head.logits(x, q8), repeats)
+        inv_t = torch.ones(r)
+        env_ms = best_ms(lambda x=x, t=inv_t: env.envelope(env.padded(x), t), repeats)
+        out[f"rows{r}"] = {"bf16_ms": bf16_ms, "q8_ms": q8_ms, "envelope_ms": env_ms,
+                           "bf16_over_q8": bf16_ms / q8_ms}  # fmt: skip
+    return out
+
+
 def fused_cases(repeats: int) -> dict[str, dict[str, float]]:
     """A 512-token bf16 prefill's elementwise ops: the fused kernels vs the torch ops."""
     x = (torch.randn(512, 640) * 5).bfloat16()
@@ -256,6 +280,7 @@ def main() -> None:
         "bf16": lambda: bf16_cases(max(5, args.repeats // 3)),
         "blocks": lambda: block_cases(max(5, args.repeats // 3)),
         "head": lambda: head_cases([1, 2, 4, 8, 16, 32, 64, 128], max(5, args.repeats // 3)),
+        "q8head": lambda: q8_head_cases(max(5, args.repeats // 3)),
     }
     only = args.only.split(",") if args.only else list(cases)
     report: dict[str, object] = {"threads": torch.get_num_threads()}

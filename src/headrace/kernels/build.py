@@ -168,7 +168,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.head_argmax_q8_outliers.restype = I64
     lib.linear_bf16.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR, PTR]
     lib.linear_bf16.restype = None
-    lib.linear_blocks.argtypes = [PTR, I64, I64, I64, I64, PTR, I64, PTR, PTR]
+    lib.linear_blocks.argtypes = [PTR, I64, I64, I64, I64, I64, PTR, I64, PTR, PTR]
     lib.linear_blocks.restype = ctypes.c_int
     lib.q8_head.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR]
     lib.q8_head.restype = ctypes.c_int
