@@ -85,6 +85,10 @@ class StepStats(msgspec.Struct, frozen=True):
     # (--max-cpu-loras) since the engine started.
     lora_loads_total: int = 0
     lora_evictions_total: int = 0
+    # Every registered adapter: (name, replicas holding its weights in memory, loads, evictions),
+    # sorted by name (the dashboard's LoRA panel); and --max-loras (lora_requests_info).
+    lora_adapters: tuple[tuple[str, int, int, int], ...] = ()
+    max_loras: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -135,7 +135,7 @@ class LoraManager:
     def _read(self, name: str, path: str | Path) -> tuple[LoraAdapter, Planned]:
         adapter = read_adapter(name, path, self.max_rank)
         planned = self._plan(adapter)
-        self.registry.loads_total += 1
+        self.registry.read(name)
         return adapter, planned
 
     def _install(self, adapter_id: int, planned: Planned) -> None:

@@ -29,6 +29,9 @@ class Registry:
         self.max_resident: int | None = None
         self.loads_total = 0  # adapters read from disk (first loads and reloads)
         self.evictions_total = 0  # adapters whose weights were dropped to make room
+        # The same two per adapter name, kept after an unload (counters never go back).
+        self.loads: dict[str, int] = {}
+        self.evictions: dict[str, int] = {}
 
     def add(self, adapter_id: int, entry: Registered) -> None:
         self.ids[entry.name] = adapter_id
@@ -56,12 +59,29 @@ class Registry:
     def is_resident(self, adapter_id: int) -> bool:
         return adapter_id in self._resident
 
+    def read(self, name: str) -> None:
+        """`name`'s files were read from disk (a first load or a reload)."""
+        self.loads_total += 1
+        self.loads[name] = self.loads.get(name, 0) + 1
+
     def installed(self, adapter_id: int) -> None:
         self._resident[adapter_id] = None  # the most recently used
 
     def evicted(self, adapter_id: int) -> None:
         del self._resident[adapter_id]
         self.evictions_total += 1
+        name = self.by_id[adapter_id].name
+        self.evictions[name] = self.evictions.get(name, 0) + 1
+
+    def adapters(self) -> tuple[tuple[str, int, int, int], ...]:
+        """Each registered adapter as (name, 1 if its weights are in memory else 0, loads,
+        evictions), by name: what the dashboard's LoRA panel shows (StepStats.lora_adapters)."""
+        rows = (
+            (e.name, int(i in self._resident), self.loads.get(e.name, 0),
+             self.evictions.get(e.name, 0))
+            for i, e in self.by_id.items()
+        )  # fmt: skip
+        return tuple(sorted(rows))
 
     def touch(self, ids: Iterable[int]) -> None:
         """These adapters were used by a step: the last to be evicted."""

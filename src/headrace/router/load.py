@@ -99,6 +99,7 @@ def sum_stats(stats: Iterable[StepStats]) -> StepStats:
     total: dict[str, Any] = {}
     by_priority: dict[int, tuple[int, int]] = {}
     by_lora: dict[str, tuple[int, int, int]] = {}
+    adapters: dict[str, tuple[int, int, int]] = {}
     reported = False
     for s in stats:
         for f in msgspec.structs.fields(StepStats):
@@ -110,11 +111,16 @@ def sum_stats(stats: Iterable[StepStats]) -> StepStats:
                     by_priority[prio] = (c + count, w + work)
             elif f.name == "lora_requests":
                 add_counts(by_lora, value)
+            elif f.name == "lora_adapters":
+                add_counts(adapters, value)
+            elif f.name == "max_loras":  # the same flag on every replica
+                total[f.name] = max(total.get(f.name, 0), value)
             elif f.name == "step_duration":
                 total[f.name] = max(total.get(f.name, 0.0), value)
             else:
                 total[f.name] = total.get(f.name, 0) + value
     total["lora_requests"] = tuple((name, *by_lora[name]) for name in sorted(by_lora))
+    total["lora_adapters"] = tuple((name, *adapters[name]) for name in sorted(adapters))
     if reported:
         total["waiting_by_priority"] = tuple((p, *by_priority[p]) for p in sorted(by_priority))
     return StepStats(**total)

@@ -158,7 +158,8 @@ class EngineCore:
         reg = loras.registry
         return msgspec.structs.replace(
             stats, lora_requests=counts, lora_loads_total=reg.loads_total,
-            lora_evictions_total=reg.evictions_total,
+            lora_evictions_total=reg.evictions_total, lora_adapters=reg.adapters(),
+            max_loras=self.scheduler.config.max_loras,
         )  # fmt: skip
 
     def _lora_id(self, name: str | None) -> int:
