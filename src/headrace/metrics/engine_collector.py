@@ -9,6 +9,7 @@ is a histogram of every step, which the engine loop would have to feed).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from headrace.engine.frontend.client import EngineClient
+    from headrace.engine.messages import StepStats
 
 PREFIX = "headrace:"
 GAUGE, COUNTER = GaugeMetricFamily, CounterMetricFamily
@@ -65,19 +67,46 @@ class EngineCollector(Collector):
             (kind(PREFIX + name, help_text, labels=["model_name"]), field)
             for kind, name, help_text, field in ENGINE_SERIES
         ]
-        labels = ["model_name", "lora_name"]
-        running = GAUGE(PREFIX + "lora_requests_running", "Requests running per LoRA adapter.",
-                        labels=labels)  # fmt: skip
-        waiting = GAUGE(PREFIX + "lora_requests_waiting", "Requests waiting per LoRA adapter.",
-                        labels=labels)  # fmt: skip
-        tokens = COUNTER(PREFIX + "lora_tokens_computed", "Tokens computed per LoRA adapter.",
-                         labels=labels)  # fmt: skip
+        loras = LoraFamilies()
         for name, engine in list(self.engines().items()):
             stats = engine.stats()
             for family, field in families:
                 family.add_metric([name], getattr(stats, field))
-            for lora, n_running, n_waiting, n_tokens in stats.lora_requests:
-                running.add_metric([name, lora], n_running)
-                waiting.add_metric([name, lora], n_waiting)
-                tokens.add_metric([name, lora], n_tokens)
-        return [family for family, _ in families] + [running, waiting, tokens]
+            loras.add(name, stats)
+        return [family for family, _ in families] + loras.families()
+
+
+class LoraFamilies:
+    """The per-adapter series, labelled `model_name` and `lora_name`, and vLLM's
+    `lora_requests_info` (its labels are the adapters' names, comma-separated; its value the
+    time of the scrape, as vLLM sets it)."""
+
+    def __init__(self) -> None:
+        labels = ["model_name", "lora_name"]
+        self.running = GAUGE(PREFIX + "lora_requests_running",
+                             "Requests running per LoRA adapter.", labels=labels)  # fmt: skip
+        self.waiting = GAUGE(PREFIX + "lora_requests_waiting",
+                             "Requests waiting per LoRA adapter.", labels=labels)  # fmt: skip
+        self.tokens = COUNTER(PREFIX + "lora_tokens_computed",
+                              "Tokens computed per LoRA adapter.", labels=labels)  # fmt: skip
+        self.resident = GAUGE(PREFIX + "lora_adapter_resident",
+                              "Replicas holding a LoRA adapter's weights in memory.",
+                              labels=labels)  # fmt: skip
+        self.info = GAUGE(PREFIX + "lora_requests_info", "Running and waiting LoRA adapters.",
+                          labels=["model_name", "running_lora_adapters",
+                                  "waiting_lora_adapters", "max_lora"])  # fmt: skip
+
+    def add(self, name: str, stats: StepStats) -> None:
+        for lora, n_running, n_waiting, n_tokens in stats.lora_requests:
+            self.running.add_metric([name, lora], n_running)
+            self.waiting.add_metric([name, lora], n_waiting)
+            self.tokens.add_metric([name, lora], n_tokens)
+        for lora, resident, _, _ in stats.lora_adapters:
+            self.resident.add_metric([name, lora], resident)
+        if stats.max_loras:  # an engine serving adapters
+            running = ",".join(r[0] for r in stats.lora_requests if r[1])
+            waiting = ",".join(r[0] for r in stats.lora_requests if r[2])
+            self.info.add_metric([name, running, waiting, str(stats.max_loras)], time.time())
+
+    def families(self) -> list[Metric]:
+        return [self.running, self.waiting, self.tokens, self.resident, self.info]
