@@ -33,7 +33,10 @@ from headrace.gateway.errors import GatewayError
 from headrace.metrics.window import SloTargets
 
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
-STATIC = ("dashboard.html", "dashboard.js", "dashboard.css", "uPlot.iife.min.js", "uPlot.min.css")
+STATIC = (
+    "dashboard.html", "dashboard.js", "dashboard_lora.js", "dashboard.css",
+    "uPlot.iife.min.js", "uPlot.min.css",
+)  # fmt: skip
 MAX_TTFT_MS = 3_600_000.0  # an hour
 MAX_TPOT_MS = 60_000.0  # a minute per token
 REALM = 'Basic realm="headrace dashboard", charset="UTF-8"'

@@ -14,6 +14,7 @@ from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
+from headrace.api.dashboard_lora import lora_panel
 from headrace.api.state import AppState
 from headrace.ledger.database import database_errors
 from headrace.ledger.query import UsageQuery
@@ -37,6 +38,8 @@ FAMILIES = (
     "headrace:batches_running",
     "headrace:batch_lines_running",
     "headrace:batch_lines",
+    "headrace:prompt_tokens",  # per model name: a base model or a LoRA adapter (the LoRA panel)
+    "headrace:generation_tokens",
 )
 _STEP_FIELDS = (
     "step_duration", "num_running", "num_waiting", "num_batched_tokens", "num_prefill_tokens",
@@ -50,13 +53,15 @@ _REPLICA_FIELDS = (
 
 
 def snapshot(state: AppState, slo: SloTargets) -> dict[str, Any]:
+    counted = counters(state.metrics.registry.collect())
     return {
         "time": round(time.time(), 3),
         "status": state.health()[1]["status"],
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
         "models": {name: _model(engine) for name, engine in list(state.engines.items())},
-        "counters": counters(state.metrics.registry.collect()),
+        "counters": counted,
         "requests": state.metrics.window.summary(slo),
+        "lora": lora_panel(state, counted),
     }
 
 

@@ -230,6 +230,7 @@ function draw(snap) {
   drawSlo(t, snap);
   drawRouter(t, snap, dt);
   drawBatches(t, snap, dt);
+  drawLora(snap, previous, dt);
   recent.push(snap);
   if (recent.length > RATE_POLLS) recent.shift();
 }
