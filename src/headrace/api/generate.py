@@ -11,18 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from headrace.api.admit import admit
 from headrace.api.prompts import encode_text
+from headrace.api.respond import answer
 from headrace.api.schemas import (
     GenerateRequest,
     GenerateResponse,
     error_responses,
     streaming_response,
 )
-from headrace.api.serving import RequestRun, run_to_end, start_stream, stream_run
-from headrace.api.sse import SSEResponse, encode_event
+from headrace.api.serving import RequestRun
+from headrace.api.sse import encode_event
 from headrace.api.state import app_state
 from headrace.engine.frontend.client import EngineClient, GenerationChunk
 
@@ -46,21 +47,17 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     job = await admit(state, request, body, encode, max_tokens=body.max_tokens, id_prefix="gen")
     run = RequestRun(state, job)
     head = {"id": job.request_id, "model": job.model}
-    headers = job.admission.headers
-    if body.stream:
-        first = await start_stream(state, request, run)
 
-        def event(chunk: GenerationChunk) -> bytes | None:
-            return encode_event({**head, "text": chunk.text}) if chunk.text else None
+    def event(chunk: GenerationChunk) -> bytes | None:
+        return encode_event({**head, "text": chunk.text}) if chunk.text else None
 
-        def end() -> list[bytes]:
-            return [encode_event({**head, "text": "", **_tail(run)})]
+    def end() -> list[bytes]:
+        return [encode_event({**head, "text": "", **_tail(run)})]
 
-        events = stream_run(run, first, event, end)
-        return SSEResponse(events, headers, on_shutdown=state.shutdown.wait)
-    chunks = await run_to_end(state, request, run)
-    text = "".join(c.text for c in chunks)
-    return JSONResponse({**head, "text": text, **_tail(run)}, headers=headers)
+    def whole(chunks: list[GenerationChunk]) -> dict[str, Any]:
+        return {**head, "text": "".join(c.text for c in chunks), **_tail(run)}
+
+    return await answer(state, request, run, stream=body.stream, event=event, end=end, whole=whole)
 
 
 def _tail(run: RequestRun) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from headrace.api.admit import admit
 from headrace.api.chat_tools import ChatTools
@@ -21,6 +21,7 @@ from headrace.api.choices import Choices
 from headrace.api.errors import APIError
 from headrace.api.job import Job
 from headrace.api.prompts import encode_chat
+from headrace.api.respond import answer
 from headrace.api.response_store import StoredResponse
 from headrace.api.responses_input import (
     Message,
@@ -32,8 +33,7 @@ from headrace.api.responses_input import (
 from headrace.api.responses_output import ResponseOutput
 from headrace.api.responses_schemas import ResponsesRequest
 from headrace.api.schemas import error_responses
-from headrace.api.serving import run_to_end, start_stream, stream_run
-from headrace.api.sse import SSEResponse, encode_typed_event
+from headrace.api.sse import encode_typed_event
 from headrace.api.state import AppState, app_state
 from headrace.api.text import printable
 from headrace.engine.frontend.client import EngineClient, GenerationChunk
@@ -62,34 +62,37 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         raise
     run = Choices(state, job, 1)
     out = ResponseOutput(tools.active, tools.calls_first)
-    answer = _Answer(state, body, job, run, out, tenant, conversation)
-    if body.stream:
-        return await _stream(state, request, job, run, out, answer)
-    chunks = await run_to_end(state, request, run)
-    out.feed("".join(c.text for c in chunks), finished=True)
-    return JSONResponse(answer.finish(), headers=job.admission.headers)
+    reply = _Answer(state, body, job, run, out, tenant, conversation)
+    return await _respond(state, request, body.stream, run, out, reply)
 
 
-async def _stream(
-    state: AppState, request: Request, job: Job, run: Choices, out: ResponseOutput, answer: _Answer
+async def _respond(
+    state: AppState, request: Request, stream: bool, run: Choices, out: ResponseOutput, ans: _Answer
 ) -> Response:
-    """The answer as typed events: created, in progress, the output's, completed or not."""
-    first = await start_stream(state, request, run)
-    prelude = [
-        encode_typed_event(out.event("response.created", response=answer.snapshot())),
-        encode_typed_event(out.event("response.in_progress", response=answer.snapshot())),
-    ]
+    """The answer whole, or as typed events: created, in progress, the output's, completed or
+    not."""
+
+    def prelude() -> list[bytes]:
+        return [
+            encode_typed_event(out.event("response.created", response=ans.snapshot())),
+            encode_typed_event(out.event("response.in_progress", response=ans.snapshot())),
+        ]
 
     def event(chunk: GenerationChunk) -> bytes | None:
         events = out.feed(chunk.text, chunk.finished)
         if chunk.finished:
-            final = answer.finish()
+            final = ans.finish()
             kind = "completed" if final["status"] == "completed" else "incomplete"
             events.append(out.event(f"response.{kind}", response=final))
         return b"".join(encode_typed_event(e) for e in events) or None
 
-    events = stream_run(run, first, event, list, prelude)
-    return SSEResponse(events, job.admission.headers, on_shutdown=state.shutdown.wait)
+    def whole(chunks: list[GenerationChunk]) -> dict[str, Any]:
+        out.feed("".join(c.text for c in chunks), finished=True)
+        return ans.finish()
+
+    return await answer(
+        state, request, run, stream=stream, event=event, end=list, whole=whole, prelude=prelude
+    )
 
 
 @router.get("/v1/responses/{response_id}", responses=error_responses(401, 404))
