@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from headrace.kernels import bf16_linear, block_linear, build, int8_linear
+from headrace.kernels import bf16_linear, block_linear, build, int8_linear, q8_head
 from kernels import (
     test_argmax,
     test_bf16_linear,
@@ -22,6 +22,7 @@ from kernels import (
     test_int8_linear,
     test_int8_screen,
     test_paged_decode,
+    test_q8_head,
     test_screened_row,
 )
 
@@ -33,7 +34,7 @@ MODULES = tuple(
     importlib.import_module(f"headrace.kernels.{name}")
     for name in (
         "argmax", "bf16_linear", "block_linear", "fused", "int8_envelope", "int8_head",
-        "int8_linear", "int8_screen", "paged_decode", "sample_draw", "screened_row",
+        "int8_linear", "int8_screen", "paged_decode", "q8_head", "sample_draw", "screened_row",
     )
 )  # fmt: skip
 
@@ -123,3 +124,13 @@ def test_block_linear_portable(portable: str) -> None:
     for rows in (1, 3):
         test_block_linear.test_every_row_count_is_one_rounding_from_the_blocks_weights(rows, 16, 63)
     test_block_linear.test_bias_and_strided_rows()
+
+
+def test_q8_head_portable(portable: str) -> None:
+    if portable != "cooperlake":  # no AVX-512 BF16: the head keeps its bf16 weights
+        assert not q8_head.supported(16, 32)
+        return
+    assert q8_head.supported(16, 32)
+    for rows in (1, 4):
+        test_q8_head.test_every_row_count_is_the_blocks_product_in_fp32(rows)
+    test_q8_head.test_rows_are_their_own_and_strided_rows_read_in_place()

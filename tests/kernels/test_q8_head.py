@@ -62,10 +62,14 @@ def test_rows_are_their_own_and_strided_rows_read_in_place() -> None:
     assert torch.equal(together, q8_head.logits(x.contiguous(), w))
 
 
-def test_more_rows_than_the_kernel_takes_are_refused() -> None:
+def test_rows_or_widths_the_kernel_does_not_take_are_refused() -> None:
     q, d = q8_blocks(16, 32, seed=7)
-    with pytest.raises(MemoryError, match="rows"):
-        q8_head.logits(torch.zeros(q8_head.MAX_ROWS + 1, 32).bfloat16(), q8_head.pack(q, d))
+    w = q8_head.pack(q, d)
+    for x in (torch.zeros(q8_head.MAX_ROWS + 1, 32), torch.zeros(1, 64), torch.zeros(0, 32)):
+        with pytest.raises(ValueError, match="q8_head"):
+            q8_head.logits(x.bfloat16(), w)
+    with pytest.raises(ValueError, match="q8_head"):
+        q8_head.logits(torch.zeros(1, 32), w)  # fp32 rows
 
 
 def test_the_converters_q8_0_form_is_read_and_other_forms_are_not() -> None:

@@ -23,11 +23,16 @@ from headrace.layers.linear import MergedLinear
 from headrace.loader.blocks import attach_blocks
 from headrace.loader.cache import converted_dir
 from headrace.loader.gguf import dequantize_f32
-from headrace.loader.gguf_blocks import LAYOUT, block_form
+from headrace.loader.gguf_blocks import LAYOUT, Blocks, block_form, q8_0_form
 from headrace.loader.hf import BLOCKS_FILE, load_model
 
 BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q4_K: 4, Q.Q5_0: 5, Q.Q5_1: 5, Q.Q5_K: 5, Q.Q6_K: 6, Q.Q8_0: 8}
 SUB_BLOCK = {**{kind: sub for kind, (_, _, sub) in LAYOUT.items()}, Q.Q8_0: 32}
+
+
+def form_of(raw: np.ndarray, kind: Q, values: np.ndarray) -> Blocks | None:
+    """A layer's block form, or Q8_0's (a tied head's, read from the bytes)."""
+    return q8_0_form(raw, values.shape) if kind == Q.Q8_0 else block_form(raw, kind, values)
 
 
 def random_k_quant(kind: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -49,7 +54,7 @@ def test_every_value_comes_back_exactly(kind: Q) -> None:
     else:
         raw = quantize(rng.standard_normal((8, 512)).astype(np.float32), kind)
     values = dequantize_f32(raw, kind)
-    form = block_form(raw, kind, values)
+    form = form_of(raw, kind, values)
     assert form is not None
     codes, scale, offset = form
     assert codes.shape == values.shape and scale.shape == offset.shape
@@ -62,6 +67,8 @@ def test_every_value_comes_back_exactly(kind: Q) -> None:
 
 def test_types_without_the_form() -> None:
     data = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    raw = quantize(data, Q.Q8_0)  # signed 8-bit codes: past the layers' kernel's 7 bits
+    assert block_form(raw, Q.Q8_0, dequantize_f32(raw, Q.Q8_0)) is None
     assert block_form(data, Q.F32, data) is None
     raw = quantize(data, Q.Q5_0)
     raw[0, :2] = np.array([np.nan], dtype=np.float16).view(np.uint8)  # a broken block header
@@ -80,7 +87,8 @@ def test_a_converted_gguf_keeps_its_blocks_for_the_projections(arch: str, tmp_pa
     layers = hf_model.config.num_hidden_layers
     with safe_open(str(model_dir / BLOCKS_FILE), framework="pt") as f:
         names = sorted({k.rsplit(".", 1)[0] for k in f.keys()})  # noqa: SIM118
-        assert len(names) == 7 * layers + 1  # q k v o gate up down, and the Q8_0 embedding
+        tied = hf_model.config.tie_word_embeddings  # a tied head keeps its Q8_0 embedding's
+        assert len(names) == 7 * layers + tied  # q k v o gate up down
         state = hf_model.state_dict()
         for name in names:  # the weights the dense file holds, q/k rows unpermuted too
             parts = (f.get_tensor(f"{name}.{p}") for p in ("codes", "scale", "offset"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from headrace.kernels.build import cpu_kernels
@@ -56,17 +57,19 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> Bloc
     n, k = codes.shape
     kb = scale.shape[1]
     block = k // kb
-    planes = max(0, int(codes.max()).bit_length() - 4)
+    top = int(codes.max())
+    if codes.dtype != torch.uint8 or top > MAX_CODE:
+        raise ValueError(f"block_linear: codes of {codes.dtype} up to {top} (u8 <= {MAX_CODE})")
+    planes = max(0, top.bit_length() - 4)
     pairs = codes.reshape(n // 64, 64, kb, block // 2, 2).permute(0, 2, 3, 1, 4)
     # [N/64, KB, pair, 64 channels, 2] -> each half of 32 channels as 64 codes: lane l holds
     # the pairs of channels 4l..4l+3 of its first 16 channels, then those of its second 16
     halves = pairs.reshape(n // 64, kb, block // 2, 2, 2, 4, 8)
     halves = halves.permute(0, 1, 2, 3, 5, 4, 6).reshape(n // 64, kb, block // 2, 2, 64)
     lines = [halves[..., 0, :] & 15 | (halves[..., 1, :] & 15) << 4]  # two nibbles a byte
-    weights = 1 << torch.arange(8, dtype=torch.int32)
     for b in range(planes):  # bit 4 + b of each half's 64 codes, as a 64-bit mask (byte i: bit i)
-        bits = (halves >> (4 + b)) & 1  # [..., 2, 64]
-        masks = (bits.reshape(*bits.shape[:-1], 8, 8).int() * weights).sum(-1).to(torch.uint8)
+        bits = ((halves >> (4 + b)) & 1).numpy()  # [..., 2, 64]
+        masks = torch.from_numpy(np.packbits(bits, axis=-1, bitorder="little"))  # [..., 2, 8]
         lines.append(masks.reshape(*masks.shape[:-2], 16))
     shift = (offset.double() - 128 * scale.double()).float()  # one rounding
 

@@ -52,7 +52,9 @@ def q8_form(
     d = scale.to(torch.float16)
     if not torch.equal(d.float(), scale) or not torch.equal(offset, -128 * scale):
         return None
-    return (codes.to(torch.int16) - 128).to(torch.int8), d
+    if codes.dtype != torch.uint8:
+        return None
+    return torch.bitwise_xor(codes, 128).view(torch.int8), d  # q + 128 -> q, no wide copy
 
 
 def pack(q: torch.Tensor, d: torch.Tensor) -> Q8Head:
@@ -70,11 +72,13 @@ def logits(x: torch.Tensor, w: Q8Head) -> torch.Tensor:
     """x [M, K] bf16 -> x W^T [M, N] fp32."""
     m, k = x.shape
     n = w.shape[0]
+    if k != w.shape[1] or not 0 < m <= MAX_ROWS or x.dtype != torch.bfloat16:
+        raise ValueError(f"q8_head: x {tuple(x.shape)} {x.dtype} for a head {w.shape}")
     if x.stride(1) != 1:
         x = x.contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
     lib = cpu_kernels()
     assert lib is not None
     if lib.q8_head(x.data_ptr(), m, k, x.stride(0), w.data.data_ptr(), n, y.data_ptr()):
-        raise MemoryError(f"q8_head: {m} rows (1..{MAX_ROWS}) or no memory for x")
+        raise MemoryError(f"q8_head: no memory for {m} x {k} fp32")
     return y

@@ -20,8 +20,8 @@ PARTS = ("codes", "scale", "offset")
 
 def attach_blocks(model: CausalLM, model_dir: Path) -> tuple[int, int]:
     """(layer projections given their blocks, layer projections): a merged one takes them only
-    where every part has blocks of one size (Gemma 3 270M's q_proj and k_proj are Q5_0, but in 9
-    of its layers v_proj is Q8_0, which has no such form: those qkv_proj keep the bf16 path)."""
+    where every part has blocks (Gemma 3 270M's q_proj and k_proj are Q5_0, but in 9 of its
+    layers v_proj is Q8_0, whose blocks are not kept: those qkv_proj keep the bf16 path)."""
     linears = [
         (n, m)
         for n, m in model.named_modules()

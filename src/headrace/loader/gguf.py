@@ -24,7 +24,7 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 
 from headrace.loader.errors import ModelLoadError
-from headrace.loader.gguf_blocks import block_form
+from headrace.loader.gguf_blocks import Blocks, block_form, q8_0_form
 from headrace.loader.gguf_config import hf_config
 from headrace.loader.gguf_tokenizer import build_gguf_tokenizer
 from headrace.loader.hf import BLOCKS_FILE  # name.codes / .scale / .offset per layer weight
@@ -127,10 +127,18 @@ def dequantize_f32(raw: np.ndarray, kind: GGMLQuantizationType) -> np.ndarray:
     return values.view(*rows, -1).numpy()
 
 
-def _keeps_blocks(name: str) -> bool:
-    """The layers' projections (kernels/block_linear.py) and the embedding, which a tied head
-    reads (kernels/q8_head.py)."""
-    return name.startswith("model.layers.") or name == "model.embed_tokens.weight"
+def _blocks_of(
+    name: str, raw: np.ndarray, kind: GGMLQuantizationType, data: np.ndarray, tied: bool
+) -> Blocks | None:
+    """The blocks a decode step can read: the layers' projections' (kernels/block_linear.py;
+    not Q8_0, whose 8-bit codes it cannot take) and a tied head's Q8_0 embedding
+    (kernels/q8_head.py)."""
+    if name == "model.embed_tokens.weight":
+        q8 = tied and kind == GGMLQuantizationType.Q8_0 and raw.ndim == 2 and data.ndim == 2
+        return q8_0_form(raw, data.shape) if q8 else None
+    if name.startswith("model.layers.") and kind != GGMLQuantizationType.Q8_0:
+        return block_form(raw, kind, data)
+    return None
 
 
 def convert_gguf(path: Path, out_dir: Path) -> None:
@@ -154,7 +162,7 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
             data = dequantize_f32(raw, t.tensor_type)
         except Exception as e:
             raise ModelLoadError(f"{path}: cannot dequantize tensor {t.name!r}: {e}") from e
-        if _keeps_blocks(name) and (form := block_form(raw, t.tensor_type, data)):
+        if form := _blocks_of(name, raw, t.tensor_type, data, "output.weight" not in names):
             for part, array in zip(("codes", "scale", "offset"), form, strict=True):
                 array = convert_tensor(name, array, arch, cfg)  # the same rows as the weight
                 blocks[f"{name}.{part}"] = torch.from_numpy(np.ascontiguousarray(array))

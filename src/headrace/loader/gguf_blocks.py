@@ -6,9 +6,9 @@ with small integer q: Q4_0 `d (q - 8)`, Q5_0 `d (q - 16)`, Q4_1 / Q5_1 `d q + m`
 `d sc_j q - dmin m_j` (sub-blocks of 32), Q6_K `d sc_j (q - 32)` (sub-blocks of 16). The scales
 and offsets come from each block's header; the codes from the dequantized values, and
 `scale * code + offset` is checked to give back every value exactly (else None: the tensor
-keeps only its dense form). Q8_0 `d q` (int8 q) is read straight from its bytes as code q + 128,
-offset -128 d: its 8-bit codes do not fit block_linear's 7 bits, but the head's kernel
-(kernels/q8_head.py) reads them.
+keeps only its dense form). Q8_0's signed 8-bit codes do not fit block_linear's 7 bits; a tied
+head's Q8_0 embedding is read straight from its bytes instead (`q8_0_form`: code q + 128,
+offset -128 d), for the head's kernel (kernels/q8_head.py).
 """
 
 from __future__ import annotations
@@ -53,8 +53,6 @@ def scale_offset(raw: np.ndarray, kind: Q) -> tuple[np.ndarray, np.ndarray]:
 def block_form(raw: np.ndarray, kind: Q, values: np.ndarray) -> Blocks | None:
     """raw [N, row bytes] u8 of a 2-D tensor and its dequantized values [N, K] f32 ->
     (codes, scale, offset), or None where the type has no such form."""
-    if kind == Q.Q8_0 and raw.ndim == 2 and values.ndim == 2:
-        return q8_0_form(raw, values.shape)
     if kind not in LAYOUT or raw.ndim != 2 or values.ndim != 2:
         return None
     size, per_block, sub = LAYOUT[kind]
