@@ -135,7 +135,7 @@ class CausalLM(nn.Module):
         cap = self.args.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits.float() / cap) * cap
-        return logits  # the model's dtype: the sampler casts only rows it draws from
+        return logits  # the model's dtype (fp32 from the Q8_0 head): the sampler casts as it draws
 
 
 def _few_bf16_rows(hidden: torch.Tensor) -> bool:

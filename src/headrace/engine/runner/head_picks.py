@@ -12,10 +12,10 @@ drafts of such requests take the full head's logits as before, except the plain 
 screened sampler draws exactly from the int8 head's bounds where it has one, unless they are at
 most the screened sampler's `few_rows`: the model has a head that cheap for them (its GGUF's
 Q8_0 head: reading it costs what the int8 envelope does, and the full logits spare the
-rejection). A speculating
-step's draft rows of such requests go there too where all of the step's sampled rows can and
-they are at most WITH_DRAFTS: a draft row's pick is a draw from its request's distribution
-there (speculative sampling), the same whichever way it is drawn (an unseeded request's).
+rejection). A speculating step's draft rows of such requests go there too where all of the
+step's sampled rows can and they are at most WITH_DRAFTS: a draft row's pick is a draw from its
+request's distribution there (speculative sampling), the same whichever way it is drawn (an
+unseeded request's).
 
 Rows: the step's sampled rows, one per request, then the draft rows, request after request.
 """
