@@ -80,6 +80,6 @@ def q8_0_form(raw: np.ndarray, shape: tuple[int, ...]) -> Blocks | None:
     scale = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(np.float32)
     if not np.isfinite(scale).all():
         return None
-    codes = np.ascontiguousarray(blocks[:, 2:]).view(np.int8).astype(np.int16) + 128
+    codes = np.ascontiguousarray(blocks[:, 2:]) ^ np.uint8(0x80)  # int8 q's byte -> q + 128
     scale = scale.reshape(n, k // 32)
-    return codes.astype(np.uint8).reshape(n, k), scale, scale * np.float32(-128)
+    return codes.reshape(n, k), scale, scale * np.float32(-128)
