@@ -154,7 +154,9 @@ class EngineCore:
         if loras is None:
             return stats
         names = {i: name for name, i in loras.ids.items()}
-        counts = lora_counts(self.scheduler.requests.values(), names, self.lora_tokens)
+        # no adapter registered (most servers): no walk over every request each step
+        requests = self.scheduler.requests.values() if names else ()
+        counts = lora_counts(requests, names, self.lora_tokens)
         reg = loras.registry
         return msgspec.structs.replace(
             stats, lora_requests=counts, lora_loads_total=reg.loads_total,
