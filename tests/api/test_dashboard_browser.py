@@ -58,14 +58,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         srv.stop()
 
 
-@pytest.fixture(scope="module")
-def browser(server: Server) -> Iterator[Any]:
+def chromium() -> Iterator[Any]:
+    """A headless Chromium for a module's tests (its `browser` fixture yields from this)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        yield chromium
-        chromium.close()
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def browser(server: Server) -> Iterator[Any]:
+    yield from chromium()
 
 
 class Watched:

@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from api.test_dashboard_browser import BROWSER_ARGS, CHROMIUM, OUT, Watched, browser_problem
+from api.test_dashboard_browser import OUT, Watched, browser_problem, chromium
 from factories import Server
 
 from lora.dashboard_server import lora_server, send_each
@@ -28,12 +28,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def browser(server: Server) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        yield chromium
-        chromium.close()
+    yield from chromium()
 
 
 def test_the_lora_panel_lists_both_adapters(server: Server, browser: Any) -> None:
