@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from headrace.engine.messages import TokenLogprobs
-from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.outputs import RunnerOutput, ScheduledRequest
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.screened_sampler import ScreenedSampler
 from headrace.engine.runner.structured import GrammarEnds, GrammarMasks
@@ -108,6 +108,31 @@ def pick_tokens(
             for i, t in zip(drafts, picks, strict=True):
                 flat[i] = t
     return StepPicks(flat[:s], logprobs, flat[s:], ends)
+
+
+def runner_output(sampled: list[ScheduledRequest], picked: StepPicks) -> RunnerOutput:
+    """The step's picks by request id; a request that ends here has no token (`picked.ends`)."""
+    picks = _split_picks(sampled, picked.draft_tokens)
+    ids = [r.request_id for r in sampled]
+    ends = picked.ends
+    lps: dict[str, TokenLogprobs] = {
+        i: lp
+        for i, lp in zip(ids, picked.logprobs, strict=True)
+        if lp is not None and i not in ends
+    }
+    tokens = {i: t for i, t in zip(ids, picked.tokens, strict=True) if i not in ends}
+    return RunnerOutput(tokens, lps, picks, stopped=ends.stopped, errors=ends.errors)
+
+
+def _split_picks(sampled: list[ScheduledRequest], flat: list[int]) -> dict[str, list[int]]:
+    """The greedy token after each draft, per request (`flat`: request after request)."""
+    picks: dict[str, list[int]] = {}
+    at = 0
+    for r in sampled:
+        if r.draft_token_ids:
+            picks[r.request_id] = flat[at : at + len(r.draft_token_ids)]
+            at += len(r.draft_token_ids)
+    return picks
 
 
 def after_drafts(

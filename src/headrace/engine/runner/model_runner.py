@@ -13,14 +13,13 @@ import torch
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.kv.kv_budget import kv_budget_gib
 from headrace.engine.kv.kv_cache import KVCache, blocks_for_budget
-from headrace.engine.messages import TokenLogprobs
-from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
+from headrace.engine.outputs import RunnerOutput, SchedulerOutput
 from headrace.engine.runner.determinism import choose_matmuls
-from headrace.engine.runner.head_picks import pick_tokens
+from headrace.engine.runner.head_picks import pick_tokens, runner_output
 from headrace.engine.runner.precision import pick_device, pick_dtype
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.screened_sampler import ScreenedSampler
-from headrace.engine.runner.step_inputs import build_step_inputs
+from headrace.engine.runner.step_inputs import StepInputs, build_step_inputs
 from headrace.engine.runner.structured import GrammarMasks
 from headrace.kernels.build import switched_on
 from headrace.kernels.int8_head import Int8GreedyHead
@@ -165,25 +164,9 @@ class ModelRunner:
         )
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        # Long on purpose: the step's hot path read top to bottom, no extra call per step.
         if out.is_empty:
             return RunnerOutput(sampled={})
-        self._validate(out)
-        if self.poison_token is not None:
-            self._inject_fault(out, self.poison_token)
-        self.grammars.drop(out.finished_ids)
-        self.grammars.prepare(out.scheduled)  # matchers build while the model computes
-        self.kv_cache.prepare(b for req in out.scheduled for b in req.block_ids)
-        inputs = build_step_inputs(
-            out.scheduled,
-            self.block_size,
-            self.model.args.windows,
-            self.device,
-            self.dtype,
-            paged_kernel=self.paged_kernel,
-            per_token=self.per_token_attention,
-        )
-        self.loras.set_rows(inputs.lora_segments)
+        inputs = self._step_inputs(out)
         with torch.inference_mode():
             hidden = self.model(
                 inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta
@@ -204,15 +187,28 @@ class ModelRunner:
                 self.grammars,
                 self.screened_sampler,
             )
-            tokens, logprobs, ends = picked.tokens, picked.logprobs, picked.ends
-            self.grammars.advance(inputs.sampled, tokens, ends)
-        picks = _split_picks(inputs.sampled, picked.draft_tokens)
-        ids = [r.request_id for r in inputs.sampled]
-        lps: dict[str, TokenLogprobs] = {
-            i: lp for i, lp in zip(ids, logprobs, strict=True) if lp is not None and i not in ends
-        }
-        sampled = {i: t for i, t in zip(ids, tokens, strict=True) if i not in ends}
-        return RunnerOutput(sampled, lps, picks, stopped=ends.stopped, errors=ends.errors)
+            self.grammars.advance(inputs.sampled, picked.tokens, picked.ends)
+        return runner_output(inputs.sampled, picked)
+
+    def _step_inputs(self, out: SchedulerOutput) -> StepInputs:
+        """Checks, grammar and KV bookkeeping, then the step's tensors and LoRA rows."""
+        self._validate(out)
+        if self.poison_token is not None:
+            self._inject_fault(out, self.poison_token)
+        self.grammars.drop(out.finished_ids)
+        self.grammars.prepare(out.scheduled)  # matchers build while the model computes
+        self.kv_cache.prepare(b for req in out.scheduled for b in req.block_ids)
+        inputs = build_step_inputs(
+            out.scheduled,
+            self.block_size,
+            self.model.args.windows,
+            self.device,
+            self.dtype,
+            paged_kernel=self.paged_kernel,
+            per_token=self.per_token_attention,
+        )
+        self.loras.set_rows(inputs.lora_segments)
+        return inputs
 
     @property
     def greedy_head(self) -> Int8GreedyHead | None:
@@ -256,17 +252,6 @@ class ModelRunner:
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,
         }
-
-
-def _split_picks(sampled: list[ScheduledRequest], flat: list[int]) -> dict[str, list[int]]:
-    """The greedy token after each draft, per request (`flat`: request after request)."""
-    picks: dict[str, list[int]] = {}
-    at = 0
-    for r in sampled:
-        if r.draft_token_ids:
-            picks[r.request_id] = flat[at : at + len(r.draft_token_ids)]
-            at += len(r.draft_token_ids)
-    return picks
 
 
 def _tokenizer_json(model_dir: Path | None) -> str:

@@ -218,21 +218,13 @@ class ScreenedSampler:
         out: list[int | None],
     ) -> None:
         """Rejection from exp(ub / T); `allowed` [r]: the least logit each row may draw."""
-        # Long on purpose: the rounds share a dozen tensors; split, they would be passed around.
         row_ids = torch.tensor(rows, dtype=torch.int64)
         it = inv_t[row_ids]  # [r]
         log_mass = summary.log_mass(inv_t)[row_ids]  # [r, G]
         log_mass[summary.gmax[row_ids] < allowed[:, None]] = float("-inf")
         active = torch.arange(len(rows))
         for _ in range(ROUNDS):
-            probs = torch.softmax(log_mass[active], dim=-1)
-            groups = torch.multinomial(probs, PROPOSALS, replacement=True, generator=self.gen)
-            j = active.repeat_interleave(PROPOSALS)  # [n] index into rows
-            ub, _ = self.env.group_bounds(x, row_ids[j], groups.flatten())  # [n, 16]
-            lane_probs = torch.softmax(ub * it[j][:, None], dim=-1)
-            lane = torch.multinomial(lane_probs, 1, generator=self.gen).squeeze(1)
-            tokens = groups.flatten() * 16 + lane
-            upper = ub.gather(1, lane[:, None]).squeeze(1)
+            j, tokens, upper = self._propose(x, row_ids, it, log_mass, active)
             logits = self._exact(x, row_ids[j], tokens)
             broken = (logits > upper).view(len(active), PROPOSALS).any(dim=1)
             self.stats.violations += int(broken.sum())
@@ -251,6 +243,25 @@ class ScreenedSampler:
             active = active[~done & ~broken]
             if not len(active):
                 return
+
+    def _propose(
+        self,
+        x: torch.Tensor,
+        row_ids: torch.Tensor,
+        it: torch.Tensor,
+        log_mass: torch.Tensor,
+        active: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """PROPOSALS tokens of each active row from exp(ub / T), a group by its mass and then a
+        token of it: (j, token, ub) [n], j the proposal's index into the rows."""
+        probs = torch.softmax(log_mass[active], dim=-1)
+        groups = torch.multinomial(probs, PROPOSALS, replacement=True, generator=self.gen)
+        j = active.repeat_interleave(PROPOSALS)  # [n] index into rows
+        ub, _ = self.env.group_bounds(x, row_ids[j], groups.flatten())  # [n, 16]
+        lane_probs = torch.softmax(ub * it[j][:, None], dim=-1)
+        lane = torch.multinomial(lane_probs, 1, generator=self.gen).squeeze(1)
+        tokens = groups.flatten() * 16 + lane
+        return j, tokens, ub.gather(1, lane[:, None]).squeeze(1)
 
     def _min_p_floor(
         self,

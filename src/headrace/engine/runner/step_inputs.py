@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 
@@ -43,21 +44,56 @@ def build_step_inputs(
     decodes get the bounds of the in-place kernel instead of masks. `per_token` (with
     `paged_kernel`): every token attends as a decode of its own, over the cache up to itself,
     so its attention is the same however its sequence was chunked, cached or drafted."""
-    # Long on purpose: one pass over the step's tokens, every step; no call per request added.
     decodes = [s for s in scheduled if len(s.token_ids) == 1]
     chunks = [s for s in scheduled if len(s.token_ids) > 1]
     ordered = decodes + chunks
     tokenwise = per_token and paged_kernel
     if tokenwise:
         decodes = [_token_of(s, i) for s in ordered for i in range(len(s.token_ids))]
-    ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    sample_rows: list[int] = []
-    draft_rows: list[int] = []
-    sampled: list[ScheduledRequest] = []
-    prefills: list[PrefillChunk] = []
-    lora_segments: list[tuple[int, int, int]] = []
+    rows = _lay_out(ordered, block_size, windows, device, tokenwise)
+    meta = AttentionMetadata(
+        slot_mapping=_tensor(rows.slots, device),
+        num_decodes=len(decodes),
+        decode_views=_decode_views(decodes, block_size, windows, device, mask_dtype, paged_kernel)
+        if decodes
+        else {},
+        prefills=rows.prefills,
+    )
+    return StepInputs(
+        _tensor(rows.ids, device),
+        _tensor(rows.positions, device),
+        meta,
+        _tensor(rows.sample_rows, device),
+        rows.sampled,
+        _tensor(rows.draft_rows, device) if rows.draft_rows else None,
+        rows.lora_segments,
+    )
+
+
+class _Rows(NamedTuple):
+    """The step's rows as lists, before they become tensors (fields as in `StepInputs`)."""
+
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    sample_rows: list[int]
+    draft_rows: list[int]
+    sampled: list[ScheduledRequest]
+    prefills: list[PrefillChunk]
+    lora_segments: list[tuple[int, int, int]]
+
+
+def _lay_out(
+    ordered: list[ScheduledRequest],
+    block_size: int,
+    windows: Sequence[Window],
+    device: torch.device,
+    tokenwise: bool,
+) -> _Rows:
+    """One pass over the step's tokens, request after request; inline, no call per request:
+    it runs every step."""
+    rows = _Rows([], [], [], [], [], [], [], [])
+    ids, positions, slots, sample_rows, draft_rows, sampled, prefills, lora_segments = rows
     for req in ordered:
         start = len(ids)
         n = len(req.token_ids)
@@ -76,23 +112,7 @@ def build_step_inputs(
             sample_rows.append(last)
             draft_rows.extend(range(last + 1, start + n))
             sampled.append(req)
-    meta = AttentionMetadata(
-        slot_mapping=_tensor(slots, device),
-        num_decodes=len(decodes),
-        decode_views=_decode_views(decodes, block_size, windows, device, mask_dtype, paged_kernel)
-        if decodes
-        else {},
-        prefills=prefills,
-    )
-    return StepInputs(
-        _tensor(ids, device),
-        _tensor(positions, device),
-        meta,
-        _tensor(sample_rows, device),
-        sampled,
-        _tensor(draft_rows, device) if draft_rows else None,
-        lora_segments,
-    )
+    return rows
 
 
 def _token_of(req: ScheduledRequest, i: int) -> ScheduledRequest:

@@ -46,29 +46,21 @@ class Admitter:
         lora_full = False  # an adapter waits for a turn: later adapters' requests wait behind it
         while budget > 0:
             req = self.admission.next_candidate(self.queue, now)
-            if req is None or req.request_id in preempted:
+            # sits_out: the queue is in priority order, so the rest is background too
+            if req is None or req.request_id in preempted or sits_out(req):
                 break
-            if sits_out(req):
-                break  # the queue is in priority order: the rest is background too
-            if req.lora_id and (lora_full or not self.run.lora_fits(req)):
-                lora_full = True  # no one overtakes it: its turn comes as adapters drain
-                self.queue.remove(req)
-                deferred.append(req)
-                continue
-            hit = self.kv.match(req)
-            if hit is None:  # a running request computes its next block: a hit soon
+            lora_waits = bool(req.lora_id) and (lora_full or not self.run.lora_fits(req))
+            lora_full |= lora_waits  # no one overtakes it: its turn comes as adapters drain
+            hit = None if lora_waits else self.kv.match(req)
+            if hit is None:  # its adapter waits, or a running request computes its next block
                 self.queue.remove(req)
                 deferred.append(req)
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self._room_for(req, n):
-                refund = None  # without priority preemption a request waits its turn
-                if self.admission.allows_priority_preemption:
-                    refund = self.run.make_room(req, n, plan, preempted)
-                if refund is None:
-                    self.kv.release(req)
-                    break
-                budget += refund
+            refund = self._make_room(req, n, plan, preempted)
+            if refund is None:
+                break
+            budget += refund
             if not self.kv.allocate(req, req.num_computed_tokens + n):
                 self.kv.release(req)  # victims' blocks were shared after all: wait a step
                 break
@@ -78,6 +70,20 @@ class Admitter:
         for req in deferred:
             self.queue.add(req)
         return budget
+
+    def _make_room(
+        self, req: Request, n: int, plan: dict[str, int], preempted: set[str]
+    ) -> int | None:
+        """Tokens that preempted requests give back to the budget (0: none needed), or None
+        where `req` finds no room: its cache hit released, it waits its turn."""
+        if self._room_for(req, n):
+            return 0
+        refund = None  # without priority preemption a request waits its turn
+        if self.admission.allows_priority_preemption:
+            refund = self.run.make_room(req, n, plan, preempted)
+        if refund is None:
+            self.kv.release(req)
+        return refund
 
     def _start(self, req: Request, hit: int, now: float) -> None:
         if req is self.queue.peek():
