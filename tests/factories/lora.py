@@ -33,3 +33,28 @@ def make_adapter(
     model.eval()
     model.save_pretrained(path)
     return model
+
+
+def write_random_adapter(model: Any, path: Path, rank: int, seed: int) -> None:
+    """A random PEFT adapter of rank `rank` on all seven projections of every layer of our
+    loaded `model` (shapes from its merged projections), written without transformers."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from headrace.lora.manager import SITES
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(model.args.num_layers):
+        for proj, (module, part) in SITES.items():
+            linear = model.get_submodule(f"model.layers.{layer}.{module}")
+            out, inp = linear.out_sizes[part], linear.in_features
+            key = f"base_model.model.model.layers.{layer}.{module.split('.')[0]}.{proj}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, inp, generator=gen) / inp**0.5
+            tensors[f"{key}.lora_B.weight"] = torch.randn(out, rank, generator=gen) / rank
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": list(SITES)}
+    (path / "adapter_config.json").write_text(json.dumps(config))

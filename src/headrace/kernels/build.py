@@ -1,6 +1,6 @@
 """Compile `cpu_kernels.c`, `paged_decode.c`, `int8_head.c`, `int8_screen.c`, `int8_linear.c`,
-`bf16_linear.c`, `block_linear.c`, `q8_head.c`, `sample_draw.c` and `screened_row.c` with the
-machine's C compiler once, cache the library, load it.
+`bf16_linear.c`, `block_linear.c`, `q8_head.c`, `sample_draw.c`, `screened_row.c` and
+`lora_sgmv.c` with the machine's C compiler once, cache the library, load it.
 
 A plain C library through ctypes rather than a torch C++ extension: it builds in about 0.4 s
 (no torch headers), so the first start ever stays fast, and a later start loads it from the
@@ -41,6 +41,7 @@ NAMES = (
     "q8_head.c",
     "sample_draw.c",
     "screened_row.c",
+    "lora_sgmv.c",
 )
 SOURCES = [Path(__file__).with_name(n) for n in NAMES]
 # included by the sources: part of the cache key
@@ -172,7 +173,14 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.linear_blocks.restype = ctypes.c_int
     lib.q8_head.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR]
     lib.q8_head.restype = ctypes.c_int
-    supported = ("linear_bf16_supported", "linear_blocks_supported", "q8_head_supported")
+    lib.lora_sgmv_bf16.argtypes = [PTR, I64, I64, PTR, I64, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR]
+    lib.lora_sgmv_bf16.restype = ctypes.c_int
+    supported = (
+        "linear_bf16_supported",
+        "linear_blocks_supported",
+        "q8_head_supported",
+        "lora_sgmv_supported",
+    )
     for name in ("head_q8_vnni", "head_q8_amx", *supported):
         fn = getattr(lib, name)
         fn.argtypes = []

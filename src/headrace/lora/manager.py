@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from headrace.layers.linear import MergedLinear
-from headrace.layers.lora import GATHER_MIN_GROUPS, LoraBatch, LoraDelta, Rows
+from headrace.layers.lora import GATHER_MIN_GROUPS, LoraBatch, LoraDelta, Rows, Segments
 from headrace.lora.adapter import LoraAdapter, read_adapter
 from headrace.lora.names import LoraError
 from headrace.lora.registry import Registered, Registry
@@ -127,6 +127,7 @@ class LoraManager:
         self.batch.groups = [(i, _rows(spans, device)) for i, spans in by_id.items()]
         self.batch.gathered = _gathered(by_id, device) if len(by_id) >= GATHER_MIN_GROUPS else None
         self.batch.slots = {}
+        self.batch.segments = _segments(by_id) if by_id and device.type == "cpu" else None
 
     def _new_id(self) -> int:
         adapter_id, self._next_id = self._next_id, self._next_id + 1
@@ -142,7 +143,7 @@ class LoraManager:
         for linear, a, b in planned:
             if linear.lora is None:
                 linear.lora = LoraDelta(self.batch)
-            linear.lora.weights[adapter_id] = (a, b)
+            linear.lora.put(adapter_id, a, b)
         self.registry.installed(adapter_id)
 
     def _evict(self, victims: list[int]) -> None:
@@ -154,7 +155,7 @@ class LoraManager:
     def _uninstall(self, adapter_id: int) -> None:
         for module in self.model.modules():
             if isinstance(module, MergedLinear) and module.lora is not None:
-                module.lora.weights.pop(adapter_id, None)
+                module.lora.drop(adapter_id)
 
     def _plan(self, adapter: LoraAdapter) -> Planned:
         """Each targeted projection's A [in, R] and scaled B [R, out], checked against the
@@ -199,6 +200,17 @@ def _rows(spans: list[tuple[int, int]], device: torch.device) -> Rows:
         return slice(*spans[0])
     index = torch.cat([torch.arange(s, e, dtype=torch.int64) for s, e in spans])
     return index.to(device)
+
+
+def _segments(by_id: dict[int, list[tuple[int, int]]]) -> Segments:
+    """The adapter ids in group order, every adapter row, each group's start, the rows the
+    step must have (LoraBatch.segments)."""
+    rows = [r for spans in by_id.values() for s, e in spans for r in range(s, e)]
+    off = [0]
+    for spans in by_id.values():
+        off.append(off[-1] + sum(e - s for s, e in spans))
+    every_row = torch.tensor(rows, dtype=torch.int64)
+    return tuple(by_id), every_row, torch.tensor(off, dtype=torch.int64), max(rows) + 1
 
 
 def _gathered(
