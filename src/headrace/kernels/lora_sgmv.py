@@ -32,6 +32,11 @@ def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
+def serves(weight: torch.Tensor) -> bool:
+    """Whether the adapters of a model with this weight take the kernel (bf16 on the CPU)."""
+    return supported(weight.new_zeros(2, 1), weight.new_zeros(1, 16))
+
+
 def pack_a(a: torch.Tensor) -> torch.Tensor:
     """A [K, R] -> [K/2, Rp, 2] with Rp = R rounded up to 16 (zeros past R): one VDPBF16PS
     operand per 16 ranks and pair of inputs."""

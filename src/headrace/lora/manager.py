@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from headrace.kernels import lora_sgmv
 from headrace.layers.linear import MergedLinear
 from headrace.layers.lora import GATHER_MIN_GROUPS, LoraBatch, LoraDelta, Rows, Segments
 from headrace.lora.adapter import LoraAdapter, read_adapter
@@ -123,11 +124,14 @@ class LoraManager:
                 )
             by_id.setdefault(adapter_id, []).append((start, end))
         self.registry.touch(by_id)
-        device = self.model.embed_weight.device
+        weight = self.model.embed_weight
+        device = weight.device
         self.batch.groups = [(i, _rows(spans, device)) for i, spans in by_id.items()]
-        self.batch.gathered = _gathered(by_id, device) if len(by_id) >= GATHER_MIN_GROUPS else None
         self.batch.slots = {}
         self.batch.segments = _segments(by_id) if by_id and device.type == "cpu" else None
+        # the gather only where lora_sgmv does not serve the step's projections
+        gather = len(by_id) >= GATHER_MIN_GROUPS and not lora_sgmv.serves(weight)
+        self.batch.gathered = _gathered(by_id, device) if gather else None
 
     def _new_id(self) -> int:
         adapter_id, self._next_id = self._next_id, self._next_id + 1
