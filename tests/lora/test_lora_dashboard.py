@@ -51,6 +51,10 @@ def test_token_counters_and_panel_equal_the_usage_told(server: Server) -> None:
     assert evictions == metrics['headrace:lora_adapter_evictions_total{model_name="tiny"}'] >= 2
     assert metrics['headrace:lora_adapter_resident{lora_name="legal",model_name="tiny"}'] == 1
     assert metrics['headrace:lora_adapter_resident{lora_name="support",model_name="tiny"}'] == 0
+    for a in ADAPTERS:  # by adapter, as the panel shows them
+        key = f'{{lora_name="{a}",model_name="tiny"}}'
+        assert metrics[f"headrace:lora_adapter_reads_total{key}"] == rows[a]["loads"] >= 1
+        assert metrics[f"headrace:lora_adapter_drops_total{key}"] == rows[a]["evictions"]
 
 
 def test_lora_requests_info_names_max_lora(server: Server) -> None:
@@ -83,4 +87,6 @@ def test_adapter_rows_add_up_over_replicas_and_reach_prometheus() -> None:
     }
     assert samples["headrace:lora_adapter_resident", ("tiny", "a")] == 2
     assert samples["headrace:lora_adapter_resident", ("tiny", "b")] == 0
+    assert samples["headrace:lora_adapter_reads", ("tiny", "a")] == 3
+    assert samples["headrace:lora_adapter_drops", ("tiny", "b")] == 1
     assert ("headrace:lora_requests_info", ("tiny", "a", "a", "2")) in samples

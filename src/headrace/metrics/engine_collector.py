@@ -92,6 +92,12 @@ class LoraFamilies:
         self.resident = GAUGE(PREFIX + "lora_adapter_resident",
                               "Replicas holding a LoRA adapter's weights in memory.",
                               labels=labels)  # fmt: skip
+        # the model's lora_adapter_loads / _evictions, by adapter (--max-cpu-loras)
+        self.loads = COUNTER(PREFIX + "lora_adapter_reads",
+                             "Times a LoRA adapter was read from disk.", labels=labels)  # fmt: skip
+        self.evictions = COUNTER(PREFIX + "lora_adapter_drops",
+                                 "Times a LoRA adapter's weights were dropped from memory.",
+                                 labels=labels)  # fmt: skip
         self.info = GAUGE(PREFIX + "lora_requests_info", "Running and waiting LoRA adapters.",
                           labels=["model_name", "running_lora_adapters",
                                   "waiting_lora_adapters", "max_lora"])  # fmt: skip
@@ -101,12 +107,15 @@ class LoraFamilies:
             self.running.add_metric([name, lora], n_running)
             self.waiting.add_metric([name, lora], n_waiting)
             self.tokens.add_metric([name, lora], n_tokens)
-        for lora, resident, _, _ in stats.lora_adapters:
+        for lora, resident, loads, evictions in stats.lora_adapters:
             self.resident.add_metric([name, lora], resident)
+            self.loads.add_metric([name, lora], loads)
+            self.evictions.add_metric([name, lora], evictions)
         if stats.max_loras:  # an engine serving adapters
             running = ",".join(r[0] for r in stats.lora_requests if r[1])
             waiting = ",".join(r[0] for r in stats.lora_requests if r[2])
             self.info.add_metric([name, running, waiting, str(stats.max_loras)], time.time())
 
     def families(self) -> list[Metric]:
-        return [self.running, self.waiting, self.tokens, self.resident, self.info]
+        return [self.running, self.waiting, self.tokens, self.resident, self.loads,
+                self.evictions, self.info]  # fmt: skip
