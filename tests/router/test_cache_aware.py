@@ -1,5 +1,6 @@
-"""Cache-aware routing: a prompt goes where its prefix went before, while load allows (in
-process, fake replicas whose reported load the test sets)."""
+"""Cache-aware routing: a prompt goes where its prefix went before, and a LoRA request where
+its adapter is in memory, while load allows (in process, fake replicas whose reported load and
+adapters the test sets)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,13 @@ class LoadedEngine(FakeEngine):
     def __init__(self) -> None:
         self.waiting_tokens = 0
         self.prompts: list[list[int]] = []
+        self.in_memory: tuple[str, ...] = ()  # LoRA adapters whose weights it holds
 
     def stats(self) -> StepStats:
-        return StepStats(waiting_tokens=self.waiting_tokens, kv_blocks_total=100)
+        adapters = tuple((a, int(a in self.in_memory), 1, 0) for a in ("a", "b"))
+        return StepStats(
+            waiting_tokens=self.waiting_tokens, kv_blocks_total=100, lora_adapters=adapters
+        )
 
     async def stream(
         self, request_id: str, prompt: list[int], params: SamplingParams,
@@ -38,9 +43,9 @@ class LoadedEngine(FakeEngine):
         yield GenerationChunk(request_id, "x", [3], FinishReason.LENGTH, completion_tokens=1)
 
 
-def _send(router: Router, prompt: list[int], tenant: str = "t") -> None:
+def _send(router: Router, prompt: list[int], tenant: str = "t", lora: str | None = None) -> None:
     async def go() -> None:
-        options = GenerateOptions(tenant=tenant)
+        options = GenerateOptions(tenant=tenant, lora=lora)
         async for _ in router.generate("r", prompt, SamplingParams(max_tokens=1), options):
             pass
 
@@ -84,6 +89,25 @@ def test_prefixes_are_per_tenant_salt_and_a_restart_forgets_them() -> None:
     assert len(router.replicas[home].prefixes) == 0
 
 
+def test_a_lora_request_goes_where_its_adapter_is_in_memory_while_load_allows() -> None:
+    router, engines = _router(margin=1000)
+    engines[0].in_memory, engines[1].in_memory = ("a",), ("b",)
+    engines[0].waiting_tokens = 600  # busier, within the margin
+    for turn in range(4):  # new prompts each time: no prefix to follow
+        _send(router, [50 + turn] * 40, lora="a")
+    assert (len(engines[0].prompts), len(engines[1].prompts)) == (4, 0)
+    _send(router, [90] * 40, lora="b")
+    assert len(engines[1].prompts) == 1
+    engines[0].waiting_tokens = 1500  # past the margin: another replica reads it from disk
+    _send(router, [91] * 40, lora="a")
+    assert len(engines[1].prompts) == 2
+    engines[0].waiting_tokens = engines[1].waiting_tokens = 0
+    engines[0].in_memory = engines[1].in_memory = ("a",)  # both hold it: least-load's turns
+    for turn in range(2):
+        _send(router, [70 + turn] * 40, lora="a")
+    assert (len(engines[0].prompts), len(engines[1].prompts)) == (5, 3)
+
+
 def test_least_load_routing_ignores_prefixes() -> None:
     engines = [LoadedEngine(), LoadedEngine()]
     config = RouterConfig(replicas=2, routing="least-load")
@@ -98,6 +122,10 @@ def test_policy_and_index_on_plain_numbers() -> None:
     c = [Candidate(0, 50, 10, 0, prefix_blocks=0), Candidate(1, 140, 10, 0, prefix_blocks=3)]
     assert policy.choose(c).index == 1  # 90 tokens above the least loaded: within the margin
     c[1] = Candidate(1, 151, 10, 0, prefix_blocks=3)
+    assert policy.choose(c).index == 0
+    c = [Candidate(0, 50, 10, 0), Candidate(1, 140, 10, 0, holds_adapter=True)]
+    assert policy.choose(c).index == 1  # its adapter in memory, within the margin
+    c[1] = Candidate(1, 151, 10, 0, holds_adapter=True)
     assert policy.choose(c).index == 0
     index = PrefixIndex(max_blocks=4)
     a, b = prefix_hashes(SYSTEM, "s"), prefix_hashes(SYSTEM + SYSTEM, "s")

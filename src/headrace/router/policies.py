@@ -24,6 +24,7 @@ class Candidate:
     free_blocks: int  # free KV-cache blocks reported
     in_flight: int  # requests this router has open on the replica
     prefix_blocks: int = 0  # leading blocks of this prompt sent there before (cache-aware)
+    holds_adapter: bool = False  # the request's LoRA adapter is in this replica's memory
 
 
 class RoutingPolicy(Protocol):
@@ -94,8 +95,9 @@ class RoundRobin:
 class CacheAware:
     """The replica sent the longest prefix of this prompt before — the likeliest to hold its KV
     in its prefix cache — while its load is within `margin_tokens` of the least loaded one's;
-    otherwise, and for a prefix sent nowhere yet, least-load (whose pick then becomes the
-    prefix's home)."""
+    then, for a LoRA request, the least loaded replica holding its adapter in memory, within the
+    same margin (another would read the adapter from disk, and may evict one of its own:
+    `--max-cpu-loras`); otherwise least-load (whose pick then becomes the prefix's home)."""
 
     name = "cache-aware"
     uses_prefixes = True
@@ -109,6 +111,11 @@ class CacheAware:
         least = min(c.load_tokens for c in candidates)
         if best.prefix_blocks > 0 and best.load_tokens - least <= self.margin_tokens:
             return best
+        holders = [c for c in candidates if c.holds_adapter]
+        if holders and len(holders) < len(candidates):
+            holder = self._fallback.choose(holders)
+            if holder.load_tokens - least <= self.margin_tokens:
+                return holder
         return self._fallback.choose(candidates)
 
 

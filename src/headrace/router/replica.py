@@ -67,6 +67,7 @@ class Replica:
         self.healthy_since = time.monotonic()
         self.restart_attempts = 0  # since it last stayed up for a while (sets the backoff)
         self.prefixes = PrefixIndex()  # what the router sent here: likely in its prefix cache
+        self.adapters_in_memory: frozenset[str] = frozenset()  # as its last stats said
 
     @property
     def serving(self) -> bool:
@@ -78,12 +79,18 @@ class Replica:
         return self.engine.pid
 
     def observe(self) -> None:
-        self.load.observe(self.engine.stats())
+        stats = self.engine.stats()
+        self.load.observe(stats)
+        if stats.lora_adapters or self.adapters_in_memory:
+            self.adapters_in_memory = frozenset(a[0] for a in stats.lora_adapters if a[1])
 
-    def candidate(self, index: int, prefix_blocks: int = 0) -> Candidate:
+    def candidate(self, index: int, prefix_blocks: int = 0, lora: str | None = None) -> Candidate:
         self.observe()
         load = self.load
-        return Candidate(index, load.load_tokens, load.free_blocks, self.in_flight, prefix_blocks)
+        holds = lora is not None and lora in self.adapters_in_memory
+        return Candidate(
+            index, load.load_tokens, load.free_blocks, self.in_flight, prefix_blocks, holds
+        )
 
     # -- requests ---------------------------------------------------------------------------
 

@@ -163,7 +163,7 @@ class Router:
         tried: set[int] = set()
         failure: GenerationChunk | None = None
         while True:
-            replica = await self._next_replica(request_id, len(ids), tried, hashes, deadline)
+            replica = await self._next_replica(request_id, ids, opts.lora, tried, hashes, deadline)
             if self._between.pop(request_id, False):  # aborted while it waited
                 yield stream.deliver(end_chunk(request_id, FinishReason.ABORT))
                 return
@@ -226,14 +226,15 @@ class Router:
     async def _next_replica(
         self,
         request_id: str,
-        prompt_tokens: int,
+        ids: list[int],
+        adapter: str | None,
         tried: set[int],
         hashes: list[bytes],
         request_deadline: float | None,
     ) -> Replica | None:
         """The replica for the next attempt; a stream to resume waits for one a while (until
         it is aborted, or the request's own deadline)."""
-        replica = self._choose(prompt_tokens, tried, hashes)
+        replica = self._choose(len(ids), tried, hashes, adapter)
         deadline = time.monotonic() + self.config.resume_wait_s
         if request_deadline is not None:
             deadline = min(deadline, request_deadline)
@@ -244,7 +245,7 @@ class Router:
 
         while replica is None and waits():
             await asyncio.sleep(_RESUME_POLL_S)
-            replica = self._choose(prompt_tokens, tried, hashes)
+            replica = self._choose(len(ids), tried, hashes, adapter)
         return replica
 
     async def abort(self, request_id: str) -> None:
@@ -269,7 +270,9 @@ class Router:
 
     # -- routing ----------------------------------------------------------------------------
 
-    def _choose(self, prompt_tokens: int, tried: set[int], hashes: list[bytes]) -> Replica | None:
+    def _choose(
+        self, prompt_tokens: int, tried: set[int], hashes: list[bytes], adapter: str | None = None
+    ) -> Replica | None:
         if self._closed:
             return None
         threshold = self.config.long_prompt_threshold
@@ -280,7 +283,7 @@ class Router:
         if not pick_from:
             return None
         choice = self.policy.choose(
-            [r.candidate(i, r.prefixes.match(hashes)) for i, r in pick_from]
+            [r.candidate(i, r.prefixes.match(hashes), adapter) for i, r in pick_from]
         )
         replica = self.replicas[choice.index]
         replica.prefixes.record(hashes)
