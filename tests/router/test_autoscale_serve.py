@@ -62,8 +62,13 @@ def scale_up_and_down(model: Path, tmp_path: Path, extra: tuple[str, ...]) -> No
                 reps = model_stats(url)["replicas"]
                 return len(reps) == 2 and all(r["state"] == "healthy" for r in reps)
 
+            def new_one_routed() -> bool:
+                reps = model_stats(url)["replicas"]
+                return any(r["name"] == "alpha/1" and r["routed"] > 0 for r in reps)
+
             await asyncio.to_thread(wait_for, two_serving, 60, "a second replica")
-            await asyncio.sleep(1.0)  # the new one takes its share
+            # the new one takes its share (asserted below): no fixed wait for it
+            await asyncio.to_thread(wait_for, new_one_routed, 30, "the new replica to serve")
             stats = await asyncio.to_thread(model_stats, url)
             stop.set()
             return await task, stats
