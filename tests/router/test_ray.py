@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +23,37 @@ ray_cluster_utils = pytest.importorskip("ray.cluster_utils")
 LOOPBACK = "127.0.0.1"
 
 
-@contextmanager
-def two_nodes() -> Iterator[Any]:
-    """A head and a worker node, 2 CPUs each (room for both replicas on either one)."""
+@pytest.fixture(scope="module")
+def one_cluster() -> Iterator[Any]:
+    """A head and a worker node, 2 CPUs each (room for both replicas on either one); one for
+    the module (its start and stop are 4-5 s)."""
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     head = {"num_cpus": 2, "node_ip_address": LOOPBACK, "include_dashboard": False}
     cluster = ray_cluster_utils.Cluster(initialize_head=True, head_node_args=head)
     try:
-        cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
         yield cluster
     finally:
         cluster.shutdown()
 
 
+@pytest.fixture
+def two_nodes(one_cluster: Any) -> Iterator[Any]:
+    """The module's cluster with a worker node (a new one where a test removed it); after the
+    test, the replica actors of its server are gone (a server that stops takes them)."""
+    if not one_cluster.worker_nodes:
+        one_cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
+    yield one_cluster
+    wait_for(lambda: not alive_replicas(one_cluster), 30, "the test's replica actors to go")
+
+
+def alive_replicas(cluster: Any) -> list[Any]:
+    table = cluster.global_state.actor_table(None).values()
+    return [a for a in table if a["ActorClassName"] == "ReplicaActor" and a["State"] == "ALIVE"]
+
+
 def replica_nodes(cluster: Any) -> tuple[list[str], str]:
     """(the node of each live replica actor, the node of the server's Ray driver)."""
-    table = cluster.global_state.actor_table(None).values()
-    alive = [a for a in table if a["ActorClassName"] == "ReplicaActor" and a["State"] == "ALIVE"]
+    alive = alive_replicas(cluster)
     drivers = {a["OwnerAddress"]["NodeID"] for a in alive}
     assert len(drivers) == 1, alive
     return sorted(a["Address"]["NodeID"] for a in alive), drivers.pop()
@@ -74,12 +87,10 @@ def texts(url: str) -> list[str]:
 
 
 def test_one_replica_per_node_with_the_local_replicas_output(
-    tiny_models: dict[str, Path], tmp_path: Path
+    tiny_models: dict[str, Path], tmp_path: Path, two_nodes: Any
 ) -> None:
-    with (
-        two_nodes() as cluster,
-        running(ray_server_args(tiny_models["alpha"], cluster), tmp_path) as server,
-    ):
+    cluster = two_nodes
+    with running(ray_server_args(tiny_models["alpha"], cluster), tmp_path) as server:
         nodes, _ = replica_nodes(cluster)
         assert len(set(nodes)) == 2, nodes  # spread: one per node
         on_ray = texts(server.url)
@@ -121,11 +132,11 @@ def text_of(events: list[Any]) -> str:
     return "".join(str(e.get("text", "")) for e in events)
 
 
-def test_losing_a_node_under_load(tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    with (
-        two_nodes() as cluster,
-        running(ray_server_args(tiny_models["alpha"], cluster), tmp_path) as server,
-    ):
+def test_losing_a_node_under_load(
+    tiny_models: dict[str, Path], tmp_path: Path, two_nodes: Any
+) -> None:
+    cluster = two_nodes
+    with running(ray_server_args(tiny_models["alpha"], cluster), tmp_path) as server:
         nodes, driver = replica_nodes(cluster)
         victim = next(n for n in cluster.worker_nodes if n.node_id in nodes)
         assert victim.node_id != driver  # the server's Ray driver stays on its node
