@@ -1,14 +1,17 @@
 """An engine core with adapters: `--lora` at start, a request's adapter by name, its cache salt,
-and an unload that ends the adapter's requests (never the others')."""
+and an unload that ends the adapter's requests (never the others'); the offline LLM's `lora`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from factories import make_tiny, prompts
+from factories import hf_greedy, make_tiny, prompts
 from factories.lora import make_adapter
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.core.engine_core import EngineCore
+from headrace.engine.llm import LLM
 from headrace.engine.messages import EngineCoreRequest, LoraCommand, StepStats
 from headrace.metrics.engine_collector import EngineCollector
 from headrace.request import FinishReason, SamplingParams
@@ -102,3 +105,19 @@ def test_drafts_of_an_adapter_request_are_checked_with_its_adapter(
         runs[k] = (tokens, stats.spec_draft_tokens_total)
     assert len(runs[0][0]) == 40 and runs[8][0] == runs[0][0]
     assert runs[8][1] > 0
+
+
+def test_the_offline_llm_takes_an_adapter_by_name(tmp_path: Path) -> None:
+    """`LLM.generate(..., lora=NAME)`: the adapter's tokens (transformers + peft's), the base's
+    without it."""
+    make_tiny("llama", tmp_path / "tiny")
+    peft_model = make_adapter(tmp_path / "tiny", tmp_path / "a", seed=3)
+    llm = LLM(ModelConfig(model=str(tmp_path / "tiny"), dtype="float32"))
+    llm.core.runner.loras.load("a", tmp_path / "a")
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    prompt = prompts(1)[0]
+    with_a = llm.generate([prompt], params, lora="a")[0].token_ids
+    assert with_a == hf_greedy(peft_model, prompt, 8)
+    assert llm.generate([prompt], params)[0].token_ids != with_a
+    with pytest.raises(ValueError, match="adapter 'b' is not loaded"):
+        llm.generate([prompt], params, lora="b")

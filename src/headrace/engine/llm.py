@@ -74,11 +74,13 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         on_chunk: Callable[[GenerationChunk], None] | None = None,
+        lora: str | None = None,
     ) -> list[CompletionOutput]:
         """Generate for every prompt (text or token ids); outputs in the prompts' order.
 
-        `on_chunk` sees every streamed chunk as it is produced. Raises ValueError (before
-        anything runs) if a request can never fit.
+        `on_chunk` sees every streamed chunk as it is produced; `lora`: a LoRA adapter the
+        runner holds (`llm.core.runner.loras.load(name, path)`), for every prompt. Raises
+        ValueError (before anything runs) if a request can never fit.
         """
         batch = _as_prompt_list(prompts)
         plist = _as_params_list(params, len(batch))
@@ -90,7 +92,7 @@ class LLM:
             rid = f"llm-{self._counter}"
             ids = self._encode(prompt)
             eos = self.tokenizer.eos_token_ids
-            requests.append(EngineCoreRequest(rid, ids, p, eos_token_ids=eos))
+            requests.append(EngineCoreRequest(rid, ids, p, eos_token_ids=eos, lora_name=lora))
             streams[rid] = RequestTextStream(rid, self.tokenizer, ids, p)
             results[rid] = _Result(ids)
         added = []
