@@ -27,13 +27,19 @@ speculative decoding off (its default: on while at most 4 requests run, engine.m
         --max-num-seqs 4      # greedy agreement with drafts checked in chunks vs one by one
 
 `-int8` / `-noint8` set `--int8-matmuls on` / `off` for that setting (default: `auto`);
-`-noblocks` sets `--gguf-blocks off`.
+`-noblocks` sets `--gguf-blocks off`; `-nosgmv` computes LoRA terms on torch's path.
 
     .venv/bin/python bench/quality_gate.py --dtypes float32,bfloat16-noblocks,bfloat16 \
         --max-num-seqs 4      # decode steps on the GGUF's own blocks vs its bf16 weights
 
     .venv/bin/python bench/quality_gate.py --dtypes float32,bfloat16-noint8,bfloat16-int8 \
         --max-num-seqs 4
+
+`--lora PATH` scores every setting with that PEFT adapter on every request (`--lora random`:
+a random rank-16 adapter on all seven projections, bench/lora.py's at `--b-scale 0.1`), so
+that bf16's LoRA terms (kernels/lora_sgmv.py) are gated against fp32's:
+
+    .venv/bin/python bench/quality_gate.py --lora random --max-num-seqs 4
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ import argparse
 import json
 import math
 import os
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -52,15 +60,20 @@ from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
 from headrace.engine.llm import LLM
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.step_inputs import build_step_inputs
+from headrace.kernels import lora_sgmv
 from headrace.kernels.build import cpu_kernels
 from headrace.request import SamplingParams
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+LORA = "gate"  # the adapter's name in each setting's runner
 
 
-def perplexity(llm: LLM, ids: list[int], window: int, rows: int = 0) -> tuple[float, int]:
+def perplexity(
+    llm: LLM, ids: list[int], window: int, rows: int = 0, lora_id: int = 0
+) -> tuple[float, int]:
     """exp(mean NLL) over every position of `ids` scored in windows, each in one step (`rows`
-    0) or in steps of `rows` tokens; returns (ppl, tokens)."""
+    0) or in steps of `rows` tokens, with the LoRA adapter `lora_id` (0: none); returns (ppl,
+    tokens)."""
     runner: Any = llm.core.runner
     nll, count = 0.0, 0
     for start in range(0, len(ids) - 1, window):
@@ -73,7 +86,8 @@ def perplexity(llm: LLM, ids: list[int], window: int, rows: int = 0) -> tuple[fl
         step = rows or len(inputs)
         for at in range(0, len(inputs), step):
             part = inputs[at : at + step]
-            req = ScheduledRequest("ppl", part, at, blocks, True, SamplingParams(), 0)
+            params = SamplingParams()
+            req = ScheduledRequest("ppl", part, at, blocks, True, params, 0, lora_id=lora_id)
             loss, n = _score(runner, req, targets[at : at + step])
             nll, count = nll + loss, count + n
     return math.exp(nll / count), count
@@ -84,6 +98,7 @@ def _score(runner: Any, req: ScheduledRequest, targets: torch.Tensor) -> tuple[f
     step = build_step_inputs(
         [req], runner.block_size, runner.model.args.windows, runner.device, runner.dtype
     )
+    runner.loras.set_rows(step.lora_segments)
     nll = 0.0
     with torch.inference_mode():
         hidden = runner.model(step.input_ids, step.positions, runner.kv_cache.layers, step.meta)
@@ -95,9 +110,9 @@ def _score(runner: Any, req: ScheduledRequest, targets: torch.Tensor) -> tuple[f
     return nll, len(targets)
 
 
-def greedy(llm: LLM, prompts: list[str], max_tokens: int) -> list[list[int]]:
+def greedy(llm: LLM, prompts: list[str], max_tokens: int, lora: str | None) -> list[list[int]]:
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    return [out.token_ids for out in llm.generate(prompts, params)]
+    return [out.token_ids for out in llm.generate(prompts, params, lora=lora)]
 
 
 def agreement(ref: list[list[int]], got: list[list[int]]) -> dict[str, float]:
@@ -135,16 +150,36 @@ def evaluate(dtype: str, args: argparse.Namespace, text: str, prompts: list[str]
         ),
     )
     llm.core.runner.wait_greedy_head()  # every step of the run with the head it will have
+    sgmv_usable = lora_sgmv.usable
+    if "nosgmv" in flags:
+        lora_sgmv.usable = lambda x, y: False  # type: ignore[assignment]
+    lora_id = load_lora(llm, args) if args.lora else 0
     ids = llm.tokenizer.encode(text, add_special_tokens=True)
-    ppl, n = perplexity(llm, ids, args.window)
-    decode_ppl, decode_n = perplexity(llm, ids[: args.decode_tokens], args.window, args.decode_rows)
-    outputs = greedy(llm, prompts, args.max_tokens)
+    ppl, n = perplexity(llm, ids, args.window, lora_id=lora_id)
+    decode_ppl, decode_n = perplexity(
+        llm, ids[: args.decode_tokens], args.window, args.decode_rows, lora_id
+    )
+    outputs = greedy(llm, prompts, args.max_tokens, LORA if args.lora else None)
+    lora_sgmv.usable = sgmv_usable  # type: ignore[assignment]
     if torch_paths:
         os.environ.pop("HEADRACE_CPU_KERNELS", None)
         cpu_kernels.cache_clear()
     return {"dtype": dtype, "perplexity": ppl, "scored_tokens": n, "outputs": outputs,
             "decode_perplexity": decode_ppl, "decode_scored_tokens": decode_n,
             "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
+
+
+def load_lora(llm: LLM, args: argparse.Namespace) -> int:
+    """The adapter's id in this setting's runner; `random` writes one the first time."""
+    runner: Any = llm.core.runner
+    if args.lora == "random":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from lora import write_adapter  # beside this script
+
+        args.lora = Path(tempfile.mkdtemp(prefix="gate-lora-")) / "adapter"
+        write_adapter(runner, args.lora, rank=16, seed=0, b_scale=0.1)
+    lora_id: int = runner.loras.load(LORA, args.lora)
+    return lora_id
 
 
 def main() -> None:
@@ -158,6 +193,8 @@ def main() -> None:
     p.add_argument("--decode-tokens", type=int, default=2048, help="scored in small steps")
     p.add_argument("--decode-rows", type=int, default=1, help="tokens a step when so scored")
     p.add_argument("--out", type=Path, default=Path("bench/out/quality_gate"))
+    p.add_argument("--lora", default=None, help="a PEFT adapter directory for every request, or "
+                   "'random' (rank 16 on every projection)")  # fmt: skip
     args = p.parse_args()
     text = (DATA / "heldout_gpl3.txt").read_text()
     prompts = (DATA / "gate_prompts.txt").read_text().splitlines()[: args.prompts]
@@ -179,7 +216,8 @@ def main() -> None:
             "seconds": r["seconds"],
         })  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    text_out = json.dumps({"reference": ref["dtype"], "results": report}, indent=2)
+    doc = {"reference": ref["dtype"], "lora": str(args.lora) if args.lora else None}
+    text_out = json.dumps(doc | {"results": report}, indent=2)
     (args.out / "quality_gate.json").write_text(text_out)
     print(text_out)
 

@@ -20,7 +20,8 @@ class ModelConfig:
     int8_matmuls: str = setting(
         "auto",
         "int8 layer matmuls (dynamic per-row activations) in steps of 32+ tokens: on | off | "
-        "auto (on for bf16 on CPUs with int8 dot products, VNNI or AMX; docs/performance.md)",
+        "auto (on for bf16 on CPUs with int8 dot products, VNNI or AMX, except in steps with "
+        "LoRA adapter rows; docs/performance.md)",
     )
     gguf_blocks: str = setting(
         "auto",

@@ -100,6 +100,9 @@ class MergedLinear(nn.Module):
         self.blocks: block_linear.BlockWeights | None = None  # a GGUF's own, for decode steps
         self.row_invariant = False  # every 2-D step through bf16_linear (make_row_invariant)
         self.lora: LoraDelta | None = None  # adapters' terms, where any adapter targets this
+        # int8 also in steps with adapter rows (--int8-matmuls on); under auto those steps keep
+        # bf16: with a LoRA adapter int8 fails the quality gate (docs/lora.md)
+        self.int8_with_lora = False
 
     def shard_slice(self, index: int) -> slice:
         start = sum(self.out_sizes[:index])
@@ -153,7 +156,12 @@ class MergedLinear(nn.Module):
         return y if self.lora is None else self.lora.add(x, y)
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8 is not None and x.dim() == 2 and x.shape[0] >= INT8_MIN_ROWS:
+        if (
+            self.int8 is not None
+            and x.dim() == 2
+            and x.shape[0] >= INT8_MIN_ROWS
+            and (self.int8_with_lora or self.lora is None or not self.lora.batch.groups)
+        ):
             return self.int8(x, self.bias, padded_rows(x.shape[0]))
         if self.blocks is not None and x.dim() == 2 and x.shape[0] <= block_linear.MAX_ROWS:
             return block_linear.linear(x, self.blocks, self.bias)

@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 
 from headrace.config import ModelConfig
+from headrace.layers.linear import MergedLinear
 from headrace.loader.blocks import attach_blocks
 from headrace.models.base import CausalLM
 
@@ -46,5 +47,9 @@ def choose_matmuls(model: CausalLM, config: ModelConfig, model_dir: Path) -> Non
     quantized = model.quantize_matmuls()
     if quantized:
         log.info("int8 matmuls: %d projections, in steps of 32+ tokens", quantized)
+        if config.int8_matmuls == "on":  # also in steps with LoRA adapter rows
+            for module in model.modules():
+                if isinstance(module, MergedLinear):
+                    module.int8_with_lora = True
     elif config.int8_matmuls == "on":
         log.warning("--int8-matmuls on: unavailable here (bf16 on a CPU with VNNI/AMX)")
