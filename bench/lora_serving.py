@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +28,11 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from lora import write_adapter  # noqa: E402
 
+from headrace.bench.local import serving  # noqa: E402
 from headrace.config import CacheConfig, ModelConfig  # noqa: E402
 from headrace.engine.runner.model_runner import ModelRunner  # noqa: E402
 
 HEADRACE = str(Path(sys.executable).with_name("headrace"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_adapters(root: Path, count: int, rank: int, b_scale: float) -> list[Path]:
@@ -50,20 +43,6 @@ def write_adapters(root: Path, count: int, rank: int, b_scale: float) -> list[Pa
     del runner
     gc.collect()
     return paths
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError("the server did not become ready")
 
 
 def bench(url: str, models: str, args: argparse.Namespace, out: Path, seed: int) -> dict[str, Any]:
@@ -82,14 +61,9 @@ def bench(url: str, models: str, args: argparse.Namespace, out: Path, seed: int)
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_adapters(Path(tmp), args.adapters, args.rank, args.b_scale)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        serve = [HEADRACE, "serve", "--port", str(port), "--max-loras", str(args.adapters)]
-        serve += [f"--lora=a{i}={p}" for i, p in enumerate(paths)]
-        serve += ["--max-lora-rank", str(args.rank), "--log-level", "warning"]
-        proc = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            wait_ready(url, proc)
+        flags = ["--max-loras", str(args.adapters), "--max-lora-rank", str(args.rank)]
+        flags += [f"--lora=a{i}={p}" for i, p in enumerate(paths)]
+        with serving([*flags, "--log-level", "warning"], Path(tmp)) as url:
             base = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
             cases = {"base": base, "adapters": ",".join(f"a{i}" for i in range(args.adapters))}
             results: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
@@ -98,9 +72,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     out = Path(tmp) / f"{name}-{r}"
                     # new prompts each round: no round finds the last one's in the cache
                     results[name].append(bench(url, models, args, out, seed=r + 1))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
     best = {n: max(s["output_tokens_per_s"] for s in runs) for n, runs in results.items()}
     return {
         "adapters": args.adapters, "rank": args.rank, "b_scale": args.b_scale,
