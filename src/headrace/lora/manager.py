@@ -46,6 +46,9 @@ class LoraManager:
         self.batch = LoraBatch()
         self.registry = Registry()
         self._next_id = 1  # 0 is the base model
+        # lora_sgmv serves this model's projections (bf16 on the CPU): no gather index needed;
+        # decided once, not per step
+        self.sgmv = lora_sgmv.serves(model.embed_weight)
 
     @property
     def ids(self) -> dict[str, int]:
@@ -124,13 +127,12 @@ class LoraManager:
                 )
             by_id.setdefault(adapter_id, []).append((start, end))
         self.registry.touch(by_id)
-        weight = self.model.embed_weight
-        device = weight.device
+        device = self.model.embed_weight.device
         self.batch.groups = [(i, _rows(spans, device)) for i, spans in by_id.items()]
         self.batch.slots = {}
-        self.batch.segments = _segments(by_id) if by_id and device.type == "cpu" else None
-        # the gather only where lora_sgmv does not serve the step's projections
-        gather = len(by_id) >= GATHER_MIN_GROUPS and not lora_sgmv.serves(weight)
+        # lora_sgmv's rows where it serves the projections, else torch's gather from 8 adapters
+        self.batch.segments = _segments(by_id) if by_id and self.sgmv else None
+        gather = len(by_id) >= GATHER_MIN_GROUPS and not self.sgmv
         self.batch.gathered = _gathered(by_id, device) if gather else None
 
     def _new_id(self) -> int:
