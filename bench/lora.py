@@ -4,17 +4,17 @@
     .venv/bin/python bench/lora.py --rows 32 --rank 16 --steps 20
     .venv/bin/python bench/lora.py --model DIR --steps 2  # any HF directory (a smoke run)
 
-A decode step of `--rows` sequences (after a 64-token prompt each) is timed three ways, in
-turn within one process so that the ratios come from the same minutes of a noisy host:
-`plain` (no adapter), `one` (one adapter for every row) and `each` (a different adapter per
-row), every adapter of rank `--rank` on all seven projections (random weights written as a
-PEFT directory). The issue's targets: `each` <= 1.3x `plain`, `one` <= 1.2x. `load_ms` is the
-median time to read, check and install one adapter from disk. In bf16 on a CPU with AVX-512
-BF16 the adapters' terms take one C call a projection (kernels/lora_sgmv.py); `one_torch` and
-`each_torch` time the same steps on torch's path (two matmuls an adapter, or the gather), for
-the kernel's ratio in the same run. `forward_ms` times the layers alone (where the adapters'
-terms are): the head after them costs more when random adapters flatten the logits
-(`--b-scale`).
+A decode step of `--rows` sequences (after a 64-token prompt each) is timed three ways, in turn
+within one process so that the ratios come from the same minutes of a noisy host: `plain` (no
+adapter), `one` (one adapter for every row) and `each` (a different adapter per row), every
+adapter of rank `--rank` on all seven projections (random weights written as a PEFT directory,
+or copies of a trained one: `--trained DIR`, from bench/lora_train.py). The issue's targets:
+`each` <= 1.3x `plain`, `one` <= 1.2x. `load_ms` is the median time to read, check and install
+one adapter from disk. In bf16 on a CPU with AVX-512 BF16 the adapters' terms take one C call a
+projection (kernels/lora_sgmv.py); `one_torch` and `each_torch` time the same steps on torch's
+path (two matmuls an adapter, or the gather), for the kernel's ratio in the same run.
+`forward_ms` times the layers alone (where the adapters' terms are): the head after them costs
+more when random adapters flatten the logits (`--b-scale`).
 """
 
 from __future__ import annotations
@@ -106,9 +106,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     loads = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rows):
-            write_adapter(runner, Path(tmp) / str(i), args.rank, seed=i, b_scale=args.b_scale)
+            path = args.trained or Path(tmp) / str(i)
+            if args.trained is None:
+                write_adapter(runner, path, args.rank, seed=i, b_scale=args.b_scale)
             start = time.perf_counter()
-            runner.loras.load(f"a{i}", Path(tmp) / str(i))
+            runner.loras.load(f"a{i}", path)
             loads.append(1000 * (time.perf_counter() - start))
     ids = [runner.loras.ids[f"a{i}"] for i in range(args.rows)]
     cases = {"plain": [0] * args.rows, "one": [ids[0]] * args.rows, "each": ids}
@@ -132,7 +134,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     others = [name for name in cases if name != "plain"]
     return {
         "model": runner.model_name, "dtype": str(runner.dtype).removeprefix("torch."),
-        "rows": args.rows, "rank": args.rank, "b_scale": args.b_scale,
+        "rows": args.rows, "rank": args.rank,
+        "b_scale": args.b_scale if args.trained is None else None,
+        "trained": None if args.trained is None else str(args.trained),
         "step_ms": best, "forward_ms": best_fw,
         "ratio": {name: best[name] / best["plain"] for name in others},
         "ratio_forward": {name: best_fw[name] / best_fw["plain"] for name in others},
@@ -153,6 +157,11 @@ def main() -> None:
         help="B's scale: at 1 a random adapter's term is as large as the layer's own output, "
         "which flattens the logits (the greedy head then checks more candidates); 0.1 is "
         "nearer a trained adapter's small change",
+    )  # fmt: skip
+    p.add_argument(
+        "--trained", type=Path, default=None,
+        help="a PEFT adapter directory (bench/lora_train.py) loaded --rows times under as many "
+        "names instead of random adapters: a trained adapter's size, each copy read on its own",
     )  # fmt: skip
     print(json.dumps(run(p.parse_args()), indent=2))
 
