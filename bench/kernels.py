@@ -16,6 +16,8 @@
   weights, the quantization and row scaling included) vs packed bf16 oneDNN, on Gemma 3's four
   layer shapes (qkv 640 -> 1,536, o 1,024 -> 640, gate_up 640 -> 4,096, down 2,048 -> 640)
   at 1-2,048 rows; the ratio is bf16 time / int8 time;
+* int8 against bf16_linear's kernel where the two meet (`int8-small`, 8-32 rows): the step size
+  from which each quantized projection takes its int8 copy (models/base.py INT8_PROJECTIONS);
 * bf16 layer matmuls of decode-sized steps (kernels/bf16_linear.py) vs packed bf16 oneDNN, on
   the four layer shapes at 1-96 rows, each through 18 weights in turn (a step's layers: the
   weights come from memory, as in a real step, not from cache); ms per layer, the ratio is
@@ -58,7 +60,7 @@ from headrace.kernels.int8_linear import Int8Linear
 from headrace.kernels.token_mask import _torch_mask, mask_tokens
 from headrace.layers.attention import _decode
 from headrace.layers.causal_attention import causal_attention
-from headrace.layers.linear import bucket_rows, pack_weight, packed_linear
+from headrace.layers.linear import bucket_rows, pack_weight, packed_linear, padded_rows
 from headrace.layers.rotary import RotaryEmbedding
 from headrace.request import SamplingParams
 
@@ -115,6 +117,29 @@ def causal_case(n: int, repeats: int) -> dict[str, float]:
     )
     blocked_ms = best_ms(lambda: causal_attention(q, k, v, scale), repeats)
     return {"sdpa_ms": sdpa_ms, "blocked_ms": blocked_ms, "ratio": sdpa_ms / blocked_ms}
+
+
+def int8_small_cases(repeats: int) -> dict[str, dict[str, float]]:
+    """Where the int8 copy overtakes bf16_linear's decode kernel (what steps of 1-64 rows take),
+    each through LAYERS weights in turn as a step's layers are (from memory, not cache)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, (n_out, n_in) in LAYER_SHAPES.items():
+        weights = [(torch.randn(n_out, n_in) * 0.05).bfloat16() for _ in range(LAYERS)]
+        int8s = [Int8Linear.build(w) for w in weights]
+        if int8s[0] is None or not bf16_linear.supported(weights[0]):
+            return {"unavailable": {}}
+        smalls = [bf16_linear.pack(w) for w in weights]
+        for r in (8, 12, 16, 24, 32):
+            x = torch.randn(r, n_in).bfloat16()
+            bf16_ms = best_ms(
+                lambda x=x, ps=smalls: [bf16_linear.linear(x, p, None) for p in ps], repeats
+            )
+            int8_ms = best_ms(
+                lambda x=x, r=r, qs=int8s: [q(x, None, padded_rows(r)) for q in qs if q], repeats
+            )
+            out[f"{name}_rows{r}"] = {"bf16_ms": bf16_ms / LAYERS, "int8_ms": int8_ms / LAYERS,
+                                      "ratio": bf16_ms / int8_ms}  # fmt: skip
+    return out
 
 
 def int8_cases(repeats: int) -> dict[str, dict[str, float]]:
@@ -277,6 +302,7 @@ def main() -> None:
         "mask": lambda: {f"rows{r}": token_mask_case(r, args.repeats) for r in (1, 16, 32)},
         "fused": lambda: fused_cases(args.repeats),
         "int8": lambda: int8_cases(args.repeats),
+        "int8-small": lambda: int8_small_cases(args.repeats),
         "bf16": lambda: bf16_cases(max(5, args.repeats // 3)),
         "blocks": lambda: block_cases(max(5, args.repeats // 3)),
         "head": lambda: head_cases([1, 2, 4, 8, 16, 32, 64, 128], max(5, args.repeats // 3)),

@@ -27,7 +27,10 @@ _NO_BUCKET = bool(os.environ.get("HEADRACE_NO_BUCKET"))
 # From 32 rows up the int8 path beats packed bf16 on both quantized shapes (qkv 1.03x, gate_up
 # 1.52x at 32 rows; 1.4-1.9x from 64; `bench/kernels.py --only int8`). At 16 the two split
 # (qkv 0.82x, gate_up 1.27x), and below, bf16 wins (decode at low concurrency, memory-bound),
-# so small steps keep their bf16 products.
+# so small steps keep their bf16 products. Against bf16_linear's kernel, with the weights
+# from memory as in a step (`--only int8-small`, 2026-12-06, AMD EPYC, no AMX), int8 gains
+# 1.08x on gate_up at 16 rows and 1.20x at 24 (qkv 0.94x, 1.04x): about 1 ms of a 45 ms step
+# at 24 rows, too little for a second threshold.
 INT8_MIN_ROWS = 32
 
 
