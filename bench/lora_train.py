@@ -15,39 +15,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from headrace.loader.cache import default_model_path
 from headrace.lora.manager import SITES
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+sys.path.insert(0, str(ROOT / "tests"))
 
-
-def hf_gemma() -> tuple[Any, Any]:
-    """transformers' load of the embedded GGUF, fp32 (tests/hf_gemma.py says why the reader
-    is lent: the same load in a third of the time)."""
-    import gguf
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from headrace.loader.gguf import _Reader, dequantize_f32
-
-    path = default_model_path()
-    readers: dict[str, _Reader] = {}
-
-    def reader(file: str, *args: Any) -> _Reader:
-        if file not in readers:
-            readers[file] = _Reader(file, *args)
-        return readers[file]
-
-    gguf.GGUFReader, gguf.dequantize = reader, dequantize_f32  # type: ignore[assignment,misc]
-    folder, name = str(path.parent), path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    return model, tokenizer
+from hf_gemma import load_hf_gemma  # noqa: E402  (the tests' load of the same reference model)
 
 
 def batches(tokenizer: Any, seq: int, batch: int, steps: int) -> list[torch.Tensor]:
@@ -62,7 +44,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
-    model, tokenizer = hf_gemma()
+    model, tokenizer = load_hf_gemma()
     config = LoraConfig(r=args.rank, lora_alpha=args.rank, target_modules=list(SITES))
     model = get_peft_model(model, config)
     optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
@@ -76,18 +58,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         optim.zero_grad()
         losses.append(float(loss.detach()))
     model.save_pretrained(args.out)
-    b_mean = {
-        proj: statistics_of(model, f"{proj}.lora_B") for proj in SITES
-    }  # how large the trained B came out, per projection
     return {
         "steps": args.steps, "seq": args.seq, "batch": args.batch, "lr": args.lr,
-        "rank": args.rank, "loss_first10": sum(losses[:10]) / 10,
-        "loss_last10": sum(losses[-10:]) / 10, "train_s": time.perf_counter() - start,
-        "b_abs_mean": b_mean, "out": str(args.out),
+        "rank": args.rank, "loss_first10": statistics.mean(losses[:10]),
+        "loss_last10": statistics.mean(losses[-10:]), "train_s": time.perf_counter() - start,
+        "b_abs_mean": {proj: mean_abs(model, f"{proj}.lora_B") for proj in SITES},
+        "out": str(args.out),
     }  # fmt: skip
 
 
-def statistics_of(model: Any, name: str) -> float:
+def mean_abs(model: Any, name: str) -> float:
+    """How large the trained weights named `name` came out: mean |w| over the layers."""
     values = [p.detach().abs().mean() for n, p in model.named_parameters() if name in n]
     return float(torch.stack(values).mean())
 

@@ -25,6 +25,13 @@ from headrace.loader.cache import default_model_path
 def hf_gemma() -> tuple[Any, Any]:
     """(model in fp32, eval mode; its tokenizer). Shared: a test that changes the model (peft
     injects layers) works on a copy."""
+    model, tokenizer = load_hf_gemma()
+    return model.eval(), tokenizer
+
+
+def load_hf_gemma() -> tuple[Any, Any]:
+    """(model in fp32, its tokenizer), loaded as the module docstring says; also for bench
+    scripts that need transformers' model (bench/lora_train.py)."""
     import gguf
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -44,4 +51,4 @@ def hf_gemma() -> tuple[Any, Any]:
         mp.setattr(gguf, "dequantize", dequantize_f32)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    return model.eval(), tokenizer
+    return model, tokenizer

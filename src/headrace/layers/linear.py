@@ -117,9 +117,10 @@ class MergedLinear(nn.Module):
         if self.packed is not None and bf16_linear.supported(self.weight):
             self.small = bf16_linear.pack(self.weight)
 
-    def quantize(self) -> bool:
-        """Add an int8 copy for steps of INT8_MIN_ROWS rows or more; False where unavailable."""
-        self.int8 = Int8Linear.build(self.weight)
+    def quantize(self, with_lora: bool = False) -> bool:
+        """Add an int8 copy for steps of INT8_MIN_ROWS rows or more (`with_lora`: also those
+        with adapter rows); False where unavailable."""
+        self.int8, self.int8_with_lora = Int8Linear.build(self.weight), with_lora
         if self.int8 is not None and self.small is not None:
             self.packed = None  # every 2-D step now takes one of the two (Gemma 3 270M: 129 MB)
         return self.int8 is not None

@@ -60,14 +60,15 @@ class CausalLM(nn.Module):
         if self.lm_head is None:  # tied: the embedding stays for lookups, the head is packed
             self.packed_head = pack_weight(self.embed_weight)
 
-    def quantize_matmuls(self) -> int:
-        """Int8 copies of the projections in INT8_PROJECTIONS; how many were made."""
+    def quantize_matmuls(self, with_lora: bool = False) -> int:
+        """Int8 copies of the projections in INT8_PROJECTIONS; how many were made. `with_lora`:
+        steps with LoRA adapter rows take them too (MergedLinear.int8_with_lora)."""
         linears = [
             m
             for name, m in self.named_modules()
             if isinstance(m, MergedLinear) and name.rsplit(".", 1)[-1] in INT8_PROJECTIONS
         ]
-        return sum(m.quantize() for m in linears)
+        return sum(m.quantize(with_lora) for m in linears)
 
     def use_head_blocks(
         self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor

@@ -17,7 +17,6 @@ import logging
 from pathlib import Path
 
 from headrace.config import ModelConfig
-from headrace.layers.linear import MergedLinear
 from headrace.loader.blocks import attach_blocks
 from headrace.models.base import CausalLM
 
@@ -44,12 +43,9 @@ def choose_matmuls(model: CausalLM, config: ModelConfig, model_dir: Path) -> Non
             log.info("GGUF blocks: the head's Q8_0, in steps of 1-4 rows")
     if config.int8_matmuls == "off":
         return
-    quantized = model.quantize_matmuls()
+    # `on` keeps int8 in steps with LoRA adapter rows too; `auto` computes those in bf16
+    quantized = model.quantize_matmuls(with_lora=config.int8_matmuls == "on")
     if quantized:
         log.info("int8 matmuls: %d projections, in steps of 32+ tokens", quantized)
-        if config.int8_matmuls == "on":  # also in steps with LoRA adapter rows
-            for module in model.modules():
-                if isinstance(module, MergedLinear):
-                    module.int8_with_lora = True
     elif config.int8_matmuls == "on":
         log.warning("--int8-matmuls on: unavailable here (bf16 on a CPU with VNNI/AMX)")
