@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
+import ray
 
 from headrace.engine.frontend.client import GenerationChunk
 from headrace.engine.messages import StepStats
@@ -187,3 +188,6 @@ def test_a_shared_replica_is_left_running_unless_it_failed(failed: bool) -> None
         assert len(actor.released) == (0 if failed else 1)  # a healthy one: only ours cancelled
 
     asyncio.run(run())
+    # Stopping the stand-in must not have started a Ray cluster in this process (ray.kill
+    # connects on first use, on the machine's own address, outside any namespace).
+    assert not ray.is_initialized()

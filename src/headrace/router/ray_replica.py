@@ -234,6 +234,9 @@ async def _stop_actor(actor: Any) -> None:
 
     with contextlib.suppress(Exception):  # dead already, or its node gone: nothing to close
         await asyncio.wait_for(actor.close.remote(), 10.0)
+    # Without a connection there is no actor to kill, and ray.kill would start a cluster.
+    if not ray.is_initialized():
+        return
     with contextlib.suppress(Exception):
         ray.kill(actor, no_restart=True)
 
