@@ -1,4 +1,4 @@
-"""transformers' own load of the embedded Gemma 3 GGUF (`gguf_file=`), once per session: the
+"""transformers' own load of the embedded Gemma 3 GGUF (`gguf_file=`), once per module: the
 parity tests of the model (tests/models) and of LoRA (tests/lora) compare against the same
 reference.
 
@@ -21,10 +21,11 @@ import torch
 from headrace.loader.cache import default_model_path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hf_gemma() -> tuple[Any, Any]:
-    """(model in fp32, eval mode; its tokenizer). Shared: a test that changes the model (peft
-    injects layers) works on a copy."""
+    """(model in fp32, eval mode; its tokenizer). Shared by a module's tests: a test that
+    changes the model (peft injects layers) works on a copy. Not held for the session: two
+    modules use it, and a process of the suite would keep 1.1 GB of fp32 weights to the end."""
     model, tokenizer = load_hf_gemma()
     return model.eval(), tokenizer
 

@@ -41,7 +41,7 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gemma_runner() -> ModelRunner:
     return ModelRunner(ModelConfig(dtype="float32", device="cpu"), CacheConfig(num_kv_blocks=256))
 
