@@ -25,12 +25,14 @@ def pytest_configure(config: object) -> None:
     if "HEADRACE_STATE" not in os.environ:
         os.environ["HEADRACE_STATE"] = tempfile.mkdtemp(prefix="headrace-test-state-")
     # Several processes of the suite (pytest-xdist) on a machine's few cores: one OpenMP thread
-    # each, for them and the servers they start. Each would otherwise run as many threads as
-    # there are cores, and OpenMP's waiting threads spin: a Gemma test that takes 17 s alone
-    # took 128 s beside another process of the suite.
+    # each, and OpenMP threads that sleep when they wait, for them and the servers they start
+    # (a server still runs a thread per core: --num-threads). A waiting thread spins by default,
+    # holding the core that its late partner needs: 20 Gemma chats that take 10 s alone took
+    # 288 s beside one busy process, 15 s with passive waits (docs/performance.md).
     workers = getattr(getattr(config, "option", None), "numprocesses", None)
     if isinstance(workers, int) and workers > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.hookimpl(hookwrapper=True)
