@@ -7,6 +7,7 @@ KV writes, step inputs, Python). Median over steps.
 
     .venv/bin/python bench/step_profile.py                 # bf16 (default here), batch 1 and 32
     .venv/bin/python bench/step_profile.py --batches 1,8,32 --context 300
+    .venv/bin/python bench/step_profile.py --batches 16 --temperature 0.8   # sampled rows
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ import headrace.layers.linear as linear  # noqa: E402
 import headrace.layers.norm as norm  # noqa: E402
 import headrace.models.base as base  # noqa: E402
 from headrace.config import CacheConfig, ModelConfig  # noqa: E402
-from headrace.engine.runner.runner_harness import RunnerHarness  # noqa: E402
+from headrace.engine.runner.runner_harness import GREEDY, RunnerHarness  # noqa: E402
+from headrace.engine.runner.screened_sampler import ScreenedSampler  # noqa: E402
 from headrace.kernels import bf16_linear, block_linear, fused  # noqa: E402
+from headrace.kernels.int8_envelope import Int8Envelope  # noqa: E402
 from headrace.kernels.int8_head import Int8GreedyHead  # noqa: E402
 from headrace.kernels.int8_linear import Int8Linear  # noqa: E402
+from headrace.request import SamplingParams  # noqa: E402
 
 SPENT: dict[str, float] = defaultdict(float)
 
@@ -65,6 +69,10 @@ def instrument() -> None:
     sampler.argmax_rows = timed("greedy argmax", sampler.argmax_rows)
     Int8GreedyHead.argmax = timed("int8 greedy head", Int8GreedyHead.argmax)  # type: ignore[method-assign]
     model_runner.build_step_inputs = timed("step inputs", model_runner.build_step_inputs)
+    # A sampled row's head (screened_sampler.py): the int8 envelope's scan, then the rejection
+    # rounds (proposals, their bounds and exact logits); rows it hands back take the full head.
+    Int8Envelope.envelope = timed("sampled: int8 envelope", Int8Envelope.envelope)  # type: ignore[method-assign]
+    ScreenedSampler._reject = timed("sampled: rejection rounds", ScreenedSampler._reject)  # type: ignore[method-assign]
 
 
 def timed_step(harness: RunnerHarness) -> dict[str, float]:
@@ -79,10 +87,12 @@ def timed_step(harness: RunnerHarness) -> dict[str, float]:
     return row
 
 
-def profile(runner: Any, batch: int, context: int, steps: int) -> dict[str, float]:
+def profile(
+    runner: Any, batch: int, context: int, steps: int, params: SamplingParams = GREEDY
+) -> dict[str, float]:
     harness = RunnerHarness(runner)
     for i, p in enumerate(forward.prompts(batch, context, runner.vocab_size, 0)):
-        harness.add(str(i), p, steps + 2)
+        harness.add(str(i), p, steps + 2, params)
     harness.step()
     harness.step()
     per_step = [timed_step(harness) for _ in range(steps)]
@@ -108,6 +118,8 @@ def main() -> None:
     p.add_argument("--context", type=int, default=300)
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--gguf-blocks", default="auto", help="auto | off")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy rows")
+    p.add_argument("--top-p", type=float, default=1.0)
     args = p.parse_args()
     instrument()
     batches = [int(b) for b in args.batches.split(",")]
@@ -117,8 +129,10 @@ def main() -> None:
     )
     runner.wait_greedy_head()
     report: dict[str, Any] = {"dtype": str(runner.dtype), "context": args.context}
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=1 << 30)
+    report["sampling"] = {"temperature": args.temperature, "top_p": args.top_p}
     for b in batches:
-        report[f"decode_batch{b}_ms"] = profile(runner, b, args.context, args.steps)
+        report[f"decode_batch{b}_ms"] = profile(runner, b, args.context, args.steps, params)
     report["prefill_2x256_ms"] = prefill(runner, 2, 256)
     print(json.dumps(report, indent=1))
 
