@@ -36,7 +36,7 @@ import headrace.models.base as base  # noqa: E402
 from headrace.config import CacheConfig, ModelConfig  # noqa: E402
 from headrace.engine.runner.runner_harness import GREEDY, RunnerHarness  # noqa: E402
 from headrace.engine.runner.screened_sampler import ScreenedSampler  # noqa: E402
-from headrace.kernels import bf16_linear, block_linear, fused  # noqa: E402
+from headrace.kernels import bf16_linear, block_linear, fused, q8_head  # noqa: E402
 from headrace.kernels.int8_envelope import Int8Envelope  # noqa: E402
 from headrace.kernels.int8_head import Int8GreedyHead  # noqa: E402
 from headrace.kernels.int8_linear import Int8Linear  # noqa: E402
@@ -62,6 +62,8 @@ def instrument() -> None:
     block_linear.linear = timed("layer matmuls (GGUF blocks)", block_linear.linear)
     Int8Linear.__call__ = timed("int8 layer matmuls", Int8Linear.__call__)  # type: ignore[method-assign]
     base.packed_linear = timed("head matmul", base.packed_linear)
+    # the GGUF's own Q8_0 head: a step's few sampled rows, and rows the screened sampler gave up on
+    base.q8_head.logits = timed("head (Q8_0 logits)", q8_head.logits)  # type: ignore[attr-defined]
     attention.paged_decode = timed("decode attention", attention.paged_decode)
     attention._prefill = timed("prefill attention", attention._prefill)
     norm.fused.rms_norm = timed("norms (fused)", fused.rms_norm)  # type: ignore[attr-defined]
