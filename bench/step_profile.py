@@ -63,7 +63,7 @@ def instrument() -> None:
     Int8Linear.__call__ = timed("int8 layer matmuls", Int8Linear.__call__)  # type: ignore[method-assign]
     base.packed_linear = timed("head matmul", base.packed_linear)
     # the GGUF's own Q8_0 head: a step's few sampled rows, and rows the screened sampler gave up on
-    base.q8_head.logits = timed("head (Q8_0 logits)", q8_head.logits)  # type: ignore[attr-defined]
+    q8_head.logits = timed("head (Q8_0 logits)", q8_head.logits)
     attention.paged_decode = timed("decode attention", attention.paged_decode)
     attention._prefill = timed("prefill attention", attention._prefill)
     norm.fused.rms_norm = timed("norms (fused)", fused.rms_norm)  # type: ignore[attr-defined]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -16,23 +18,24 @@ import pytest
 pytest_plugins = ["netns", "hf_gemma"]
 
 
-def pytest_configure(config: object) -> None:
+def pytest_configure(config: pytest.Config) -> None:
     """Servers the tests start keep their usage ledger (on by default, in the state directory)
     in a directory of this run, never in the user's ~/.local/state."""
-    import os
-    import tempfile
-
     if "HEADRACE_STATE" not in os.environ:
         os.environ["HEADRACE_STATE"] = tempfile.mkdtemp(prefix="headrace-test-state-")
-    # Several processes of the suite (pytest-xdist) on a machine's few cores: one OpenMP thread
-    # each, and OpenMP threads that sleep when they wait, for them and the servers they start
-    # (a server still runs a thread per core: --num-threads). A waiting thread spins by default,
-    # holding the core that its late partner needs: 20 Gemma chats that take 10 s alone took
-    # 288 s beside one busy process, 15 s with passive waits (docs/performance.md).
-    workers = getattr(getattr(config, "option", None), "numprocesses", None)
+    workers = config.getoption("numprocesses", None)  # pytest-xdist's -n
     if isinstance(workers, int) and workers > 1:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        _share_the_cores()
+
+
+def _share_the_cores() -> None:
+    """Several processes of the suite on a machine's few cores: one OpenMP thread each, and
+    OpenMP threads that sleep when they wait, for them and the servers they start (a server
+    still runs a thread per core: --num-threads). A waiting thread spins by default, holding the
+    core its late partner needs: 20 Gemma chats that take 10 s alone took 288 s beside one busy
+    process, 15 s with passive waits (docs/performance.md)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.hookimpl(hookwrapper=True)
