@@ -55,12 +55,12 @@ def flood(s: LoadShedder, tenant: Tenant, n: int, tokens: int = 100) -> int:
     admitted = 0
     for _ in range(n):
         try:
-            s.admit("m", tenant, tokens)
+            s.admit(tenant, "m", tokens)
         except GatewayError as e:
             assert (e.status, e.error_type) == (503, "overloaded_error")
             assert int(e.headers["retry-after"]) >= 1
             continue
-        s.enqueue(next_ticket(), "m", tenant, tokens)
+        s.enqueue(next_ticket(), tenant, "m", tokens)
         admitted += 1
     return admitted
 

@@ -135,7 +135,7 @@ class TenantGateway:
             limiter = self.limiters.get(tenant.name)
             if limiter is not None:
                 limiter.check()
-            self.shedder.check(model, tenant)
+            self.shedder.check(tenant, model)
         except GatewayError as e:
             self.metrics.reject(tenant.name, tenant.tier, e.reason)
             raise
@@ -149,12 +149,12 @@ class TenantGateway:
         try:
             if limiter is not None:
                 limiter.check(tokens)  # a 429 goes before a 503: it is the tenant's own doing
-            self.shedder.admit(model, tenant, tokens)
+            self.shedder.admit(tenant, model, tokens)
             headers = limiter.reserve(ticket, tokens) if limiter is not None else {}
         except GatewayError as e:
             self.metrics.reject(tenant.name, tenant.tier, e.reason)
             raise
-        self.shedder.enqueue(ticket, model, tenant, tokens)
+        self.shedder.enqueue(ticket, tenant, model, tokens)
         adm = Ticket(
             tenant, tokens, headers, ticket=ticket, model=model, prompt_tokens=prompt_tokens
         )

@@ -68,7 +68,7 @@ class LoadShedder:
         waiting = self._waiting(model, priority).values()
         return sum(n for n, _ in waiting), sum(t for _, t in waiting)
 
-    def enqueue(self, ticket: int, model: str, tenant: Tenant, tokens: int) -> None:
+    def enqueue(self, ticket: int, tenant: Tenant, model: str, tokens: int) -> None:
         q = Queued(model, tenant.priority, tenant.name, tenant.weight, tokens, self.clock())
         self.queue.add(ticket, q)
 
@@ -83,23 +83,23 @@ class LoadShedder:
 
     # -- decisions -----------------------------------------------------------------------
 
-    def check(self, model: str, tenant: Tenant) -> None:
+    def check(self, tenant: Tenant, model: str) -> None:
         """Cheap, before the prompt is known: refuse when the queue is at its request bound
         and the tenant at its share, or when even a request of no work would miss the
         tenant's queue deadline."""
-        a = self._ahead(model, tenant)
+        a = self._ahead(tenant, model)
         self._check_count(model, a)
-        self._check_wait(model, tenant, a, 0)
+        self._check_wait(tenant, model, a, 0)
 
-    def admit(self, model: str, tenant: Tenant, tokens: int) -> None:
+    def admit(self, tenant: Tenant, model: str, tokens: int) -> None:
         """Raise 503 when the request would pass the tenant's share of a full queue bound, or
         miss the tenant's queue deadline."""
-        a = self._ahead(model, tenant)
+        a = self._ahead(tenant, model)
         self._check_count(model, a)
         self._check_tokens(model, a, tokens)
-        self._check_wait(model, tenant, a, tokens)
+        self._check_wait(tenant, model, a, tokens)
 
-    def _check_wait(self, model: str, tenant: Tenant, a: Ahead, tokens: int) -> None:
+    def _check_wait(self, tenant: Tenant, model: str, a: Ahead, tokens: int) -> None:
         wait = self._wait(model, a, tokens)
         timeout_s = tenant.queue_timeout_s
         if timeout_s is not None and wait is not None and wait > timeout_s:
@@ -109,10 +109,10 @@ class LoadShedder:
                 wait - timeout_s,
             )
 
-    def expected_wait(self, model: str, tenant: Tenant, tokens: int = 0) -> float | None:
+    def expected_wait(self, tenant: Tenant, model: str, tokens: int = 0) -> float | None:
         """Seconds until a new request of `tenant` would start; None before any throughput
         is measured."""
-        return self._wait(model, self._ahead(model, tenant), tokens)
+        return self._wait(model, self._ahead(tenant, model), tokens)
 
     def throughput(self, model: str) -> float | None:
         """Measured tokens per second of `model`'s engine (all models when not known)."""
@@ -201,7 +201,7 @@ class LoadShedder:
 
     # -- gathering -----------------------------------------------------------------------
 
-    def _ahead(self, model: str, tenant: Tenant) -> Ahead:
+    def _ahead(self, tenant: Tenant, model: str) -> Ahead:
         backlogs = self.queue.backlogs(model, tenant.priority)
         own = backlogs.get(tenant.name) or Backlog(tenant.weight)
         others = {t: b for t, b in backlogs.items() if t != tenant.name}
