@@ -2,13 +2,17 @@
 Sampler) against the screened sampler (the int8 head's bounds, exact rejection; with
 --top-p, screened_top_p.py's membership checks). Prints JSON.
 
-Decodes plain-word prompts through the runner (bench/greedy_head.py's capture), then on each
+Decodes plain-word prompts (or with --prompts random, random-token ones: vLLM's `bench serve`
+kind, whose flat next-token distributions are the envelope's hard case) through the runner
+(bench/greedy_head.py's capture), then on each
 captured step times both ways, interleaved (A, B, A, B ...), at each row count and
 temperature; reports mean ms a step, the ratio, proposals per accepted token, exact logits
 computed per row and rows handed back to the full head. Gemma 3 270M: head 262,144 x 640.
 
     .venv/bin/python bench/sampled_head.py --rows 1,4,16,32,64 --steps 4
     .venv/bin/python bench/sampled_head.py --rows 1,2,4 --temperatures 1.0,0.8 --top-p 0.95,0.9
+    .venv/bin/python bench/sampled_head.py --rows 16,32 --temperatures 0.8 --prompts random \
+        --outliers 0,8,16 --steps 10
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.model_runner import ModelRunner
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.screened_sampler import ScreenedSampler
+from headrace.kernels.int8_envelope import OUTLIERS
 from headrace.loader.tokenizer import load_tokenizer
 from headrace.request import SamplingParams
 
@@ -37,6 +42,8 @@ def main() -> None:
     p.add_argument("--top-p", default="1.0", help="comma list: 1.0 = off")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompts", choices=("words", "random"), default="words")
+    p.add_argument("--outliers", default=str(OUTLIERS), help="comma list: the envelope's")
     args = p.parse_args()
     counts = [int(r) for r in args.rows.split(",")]
     runner, _ = head_runner(counts)
@@ -44,20 +51,35 @@ def main() -> None:
     tok = load_tokenizer(runner.model_dir)
     words = Workload(kind="uniform", prompt_len=(32, 256), output_len=(64, 64), seed=5)
     report: dict[str, Any] = {"cpu": _cpu_name(), "threads": torch.get_num_threads()}
+    gen = torch.Generator().manual_seed(1)
+    vocab = runner.model.embed_weight.shape[0]
     for n in counts:
-        xs = capture(runner, [tok.encode(words.request(i).prompt) for i in range(n)], args.steps)
+        if args.prompts == "random":  # as bench/greedy_head.py's
+            lengths = torch.randint(128, 384, (n,), generator=gen).tolist()
+            prompts = [
+                [2] + torch.randint(10, vocab, (k - 1,), generator=gen).tolist() for k in lengths
+            ]
+        else:
+            prompts = [tok.encode(words.request(i).prompt) for i in range(n)]
+        xs = capture(runner, prompts, args.steps)
         for t in (float(v) for v in args.temperatures.split(",")):
             for top_p in (float(v) for v in args.top_p.split(",")):
-                key = f"{n}rows_T{t}" + (f"_p{top_p}" if top_p < 1 else "")
-                report[key] = _compare(runner, xs, t, top_p, args.repeats)
+                for k in (int(v) for v in args.outliers.split(",")):
+                    key = f"{n}rows_T{t}" + (f"_p{top_p}" if top_p < 1 else "") + f"_out{k}"
+                    report[key] = _compare(runner, xs, t, top_p, args.repeats, k)
     print(json.dumps(report, indent=1))
 
 
 def _compare(
-    runner: ModelRunner, xs: list[torch.Tensor], t: float, top_p: float, repeats: int
+    runner: ModelRunner,
+    xs: list[torch.Tensor],
+    t: float,
+    top_p: float,
+    repeats: int,
+    outliers: int,
 ) -> Any:
     assert runner.greedy_head is not None
-    screened = ScreenedSampler(runner.greedy_head, seed=0)
+    screened = ScreenedSampler(runner.greedy_head, seed=0, outliers=outliers)
     sampler = Sampler(seed=0)
     params = SamplingParams(temperature=t, top_p=top_p)
     reqs = [ScheduledRequest(str(i), [1], 0, [0], True, params, 0) for i in range(len(xs[0]))]

@@ -159,10 +159,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.restype = ctypes.c_int
     lib.head_argmax_q8.argtypes = [PTR, I64, I64, PTR, PTR, PTR, PTR, I64, PTR, I64, PTR]
     lib.head_argmax_q8.restype = None
-    lib.head_envelope_q8.argtypes = [PTR, I64, I64, PTR, PTR, PTR, PTR, I64, I64, PTR, PTR, PTR]
-    lib.head_envelope_q8.argtypes += [PTR, PTR, PTR]
+    lib.head_envelope_q8.argtypes = [PTR, I64, I64, PTR, I64, PTR, PTR, PTR, PTR, PTR, I64, I64]
+    lib.head_envelope_q8.argtypes += [PTR, PTR, PTR, PTR, PTR, PTR]
     lib.head_envelope_q8.restype = None
-    lib.head_bounds_q8.argtypes = [PTR, I64, I64, PTR, PTR, PTR, PTR, I64, PTR, PTR, I64, PTR, PTR]
+    lib.head_bounds_q8.argtypes = [PTR, I64, I64, PTR, I64, PTR, PTR, PTR, PTR, PTR, I64, PTR]
+    lib.head_bounds_q8.argtypes += [PTR, I64, PTR, PTR]
     lib.head_bounds_q8.restype = None
     lib.head_argmax_q8_outliers.argtypes = [PTR, I64, I64, PTR, I64, PTR, PTR, PTR, PTR, PTR]
     lib.head_argmax_q8_outliers.argtypes += [I64, PTR, I64, I64, PTR]

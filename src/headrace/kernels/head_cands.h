@@ -15,6 +15,10 @@
 
 #include "bf16.h"
 
+/* Outlier channels a screen may sum in fp32: the bound's rounding term (2.5e-4 |x_O|_1 s_v,
+ * int8_screen.c) holds for at most this many. */
+#define MAX_OUTLIERS 32
+
 typedef struct {
     float lower;  /* running max of a_v - b_v */
     int64_t n, cap;

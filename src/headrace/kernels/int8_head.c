@@ -32,10 +32,11 @@
 
 typedef struct {
     const uint8_t *x1, *x2;
-    const float *sx, *half_l1, *s, *wl1;
+    const float *sx, *xl1, *s, *wl1;
+    const float *xo, *wo; /* [M, K] the outlier channels' values, [V16/16, K, 16] their weights */
     const int32_t *qsum;
     const int8_t *packed;
-    int64_t M, H, V16, V;
+    int64_t M, H, K, V16, V;
     const env_t *env; /* NULL: screen for the argmax; else keep the sampler's envelope */
 } scan_t;
 
@@ -60,18 +61,35 @@ static inline void logits16(float a[16], const int32_t *hi, const int32_t *lo, i
 #endif
 }
 
+/* a[16] += x_O . w_O: the outlier channels of one row (xo [K]) against 16 vocabulary rows
+ * (wo [K, 16]), in fp32, one explicit fused multiply-add after another (the scan and
+ * head_bounds_q8 round alike). */
+static inline void outliers16(float a[16], const float *xo, const float *wo, int64_t K) {
+    if (K == 0) return;
+#ifdef __AVX512F__
+    __m512 acc = _mm512_loadu_ps(a);
+    for (int64_t k = 0; k < K; k++)
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(xo[k]), _mm512_loadu_ps(wo + k * 16), acc);
+    _mm512_storeu_ps(a, acc);
+#else
+    for (int l = 0; l < 16; l++)
+        for (int64_t k = 0; k < K; k++) a[l] = fmaf(xo[k], wo[k * 16 + l], a[l]);
+#endif
+}
+
 /* One 16-row group of row m's two-limb sums: the screened logits, then the shared screen (or
  * the envelope). ex = sx / 508 bounds each activation's error. */
 static inline void screen16(const scan_t *g, cands_t *mine, int64_t m, const int32_t *hi,
                             const int32_t *lo, int64_t v0) {
     if (v0 >= g->V) return;
-    const float sx = g->sx[m], ex = sx / 508.0f, xl1 = g->half_l1[m] + 0.5f * (float)g->H * ex;
+    const float sx = g->sx[m], ex = sx / 508.0f;
     float a[16];
     logits16(a, hi, lo, v0, g->s, g->qsum, sx, g->V);
+    outliers16(a, g->xo + m * g->K, g->wo + v0 * g->K, g->K);
     if (g->env)
-        envelope16(g->env, m, a, v0, g->s, g->wl1, ex, xl1);
+        envelope16(g->env, m, a, v0, g->s, g->wl1, ex, g->xl1[m]);
     else
-        screen_logits(mine + m, a, v0, g->s, g->wl1, ex, xl1, g->V);
+        screen_logits(mine + m, a, v0, g->s, g->wl1, ex, g->xl1[m], g->V);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -188,22 +206,31 @@ static void amx_dots(const uint8_t *x1, const uint8_t *x2, int64_t H, const int8
 int head_q8_amx(void) { return 0; }
 #endif
 
-/* Per row: two u8 limbs, x ~ sx (x1 - 128) + sx / 254 (x2 - 128) within sx / 508 an entry,
- * the scale, and |x|_1 / 2. */
-static void quantize_rows(const float *x, int64_t M, int64_t H, uint8_t *x1, uint8_t *x2,
-                          float *sx, float *half_l1) {
+/* Per row: the K outlier channels outl apart (xo [M, K]; none for K = 0), the rest x_A as two
+ * u8 limbs, x_A ~ sx (x1 - 128) + sx / 254 (x2 - 128) within ex = sx / 508 an entry, the
+ * scale, and the bound's factor of s_v: xl1 = |x_A|_1 / 2 + H ex / 2, plus 2.5e-4 |x_O|_1 for
+ * the fp32 outlier sum's rounding (int8_screen.c derives it; K <= MAX_OUTLIERS). */
+static void quantize_rows(const float *x, int64_t M, int64_t H, const int32_t *outl, int64_t K,
+                          uint8_t *x1, uint8_t *x2, float *xo, float *sx, float *xl1) {
     for (int64_t m = 0; m < M; m++) {
-        const float *xm = x + m * H;
+        float rest[H];
+        memcpy(rest, x + m * H, sizeof(float) * (size_t)H);
+        float ol1 = 0.0f;
+        for (int64_t k = 0; k < K; k++) {
+            xo[m * K + k] = rest[outl[k]];
+            ol1 += fabsf(rest[outl[k]]);
+        }
+        for (int64_t k = 0; k < K; k++) rest[outl[k]] = 0.0f;
         float amax, l1;
-        abs_max_sum(xm, H, &amax, &l1);
+        abs_max_sum(rest, H, &amax, &l1);
         const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
         for (int64_t d = 0; d < H; d++) {
-            const float t = xm[d] / scale, hi = rintf(t);
+            const float t = rest[d] / scale, hi = rintf(t);
             x1[m * H + d] = (uint8_t)((int)hi + 128);
             x2[m * H + d] = (uint8_t)((int)rintf((t - hi) * 254.0f) + 128);
         }
         sx[m] = scale;
-        half_l1[m] = 0.5f * l1;
+        xl1[m] = 0.5f * l1 + 0.5f * (float)H * (scale / 508.0f) + 2.5e-4f * ol1;
     }
 }
 
@@ -253,16 +280,18 @@ static void scan_amx(const scan_t *a, cands_t *mine) {
 
 /* Both limbs' sums of every row against the whole vocabulary, screened (per_thread, M lists a
  * thread) or summed into the envelope (env). */
-static void scan_all(const float *x, int64_t M, int64_t H, const int8_t *packed, const float *s,
-                     const int32_t *qsum, const float *wl1, int64_t V16, int64_t V,
-                     const env_t *env, cands_t *per_thread) {
+static void scan_all(const float *x, int64_t M, int64_t H, const int32_t *outl, int64_t K,
+                     const float *wo, const int8_t *packed, const float *s, const int32_t *qsum,
+                     const float *wl1, int64_t V16, int64_t V, const env_t *env,
+                     cands_t *per_thread) {
     const int threads = omp_get_max_threads();
     const int64_t M16 = (M + 15) / 16 * 16; /* AMX reads whole 16-row tiles */
     uint8_t *x1 = malloc((size_t)(2 * M16 * H)), *x2 = x1 + M16 * H;
     memset(x1, 128, (size_t)(2 * M16 * H));
-    float *sx = malloc(sizeof(float) * (size_t)M), *half_l1 = malloc(sizeof(float) * (size_t)M);
-    quantize_rows(x, M, H, x1, x2, sx, half_l1);
-    const scan_t args = {x1, x2, sx, half_l1, s, wl1, qsum, packed, M, H, V16, V, env};
+    float *sx = malloc(sizeof(float) * (size_t)M), *xl1 = malloc(sizeof(float) * (size_t)M);
+    float *xo = malloc(sizeof(float) * (size_t)(M * (K > 0 ? K : 1)));
+    quantize_rows(x, M, H, outl, K, x1, x2, xo, sx, xl1);
+    const scan_t args = {x1, x2, sx, xl1, s, wl1, xo, wo, qsum, packed, M, H, K, V16, V, env};
     /* Below 4 rows the tiles' fixed costs lose to VNNI (bench/kernels.py, greedy_head) */
     const int amx = M >= 4 && H % 64 == 0 && head_q8_amx();
     _Pragma("omp parallel num_threads(threads)") {
@@ -275,7 +304,8 @@ static void scan_all(const float *x, int64_t M, int64_t H, const int8_t *packed,
             scan_vector(&args, mine);
     }
     (void)amx;
-    free(half_l1);
+    free(xo);
+    free(xl1);
     free(sx);
     free(x1);
 }
@@ -286,7 +316,7 @@ void head_argmax_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, 
     const int threads = omp_get_max_threads();
     cands_t *per_thread = malloc(sizeof(cands_t) * (size_t)(threads * M));
     for (int64_t i = 0; i < threads * M; i++) cands_init(per_thread + i, 0);
-    scan_all(x, M, H, packed, s, qsum, wl1, V16, V, NULL, per_thread);
+    scan_all(x, M, H, NULL, 0, NULL, packed, s, qsum, wl1, V16, V, NULL, per_thread);
     _Pragma("omp parallel for schedule(dynamic)")
     for (int64_t m = 0; m < M; m++) idx[m] = rescore(x + m * H, H, w, per_thread, threads, M, m);
     for (int64_t i = 0; i < threads * M; i++) cands_free(per_thread + i);
@@ -294,47 +324,72 @@ void head_argmax_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, 
 }
 
 /* The sampler's envelope (head_envelope.h): gmax, gsum, glow [M, V16 / 16] per row and group,
- * with 1 / temperature inv_t [M]; ub, lb [M, V] every token's bounds unless NULL. */
-void head_envelope_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, const float *s,
-                      const int32_t *qsum, const float *wl1, int64_t V16, int64_t V,
-                      const float *inv_t, float *gmax, float *gsum, float *glow, float *ub,
-                      float *lb) {
+ * with 1 / temperature inv_t [M]; ub, lb [M, V] every token's bounds unless NULL. The K outlier
+ * channels outl (weights wo [V16/16, K, 16] fp32) are summed in fp32, apart from the limbs. */
+void head_envelope_q8(const float *x, int64_t M, int64_t H, const int32_t *outl, int64_t K,
+                      const float *wo, const int8_t *packed, const float *s, const int32_t *qsum,
+                      const float *wl1, int64_t V16, int64_t V, const float *inv_t, float *gmax,
+                      float *gsum, float *glow, float *ub, float *lb) {
     const env_t env = {gmax, gsum, glow, ub, lb, inv_t, V16 / 16, V};
-    scan_all(x, M, H, packed, s, qsum, wl1, V16, V, &env, NULL);
+    if (K > MAX_OUTLIERS) K = MAX_OUTLIERS; /* the caller checks; the bound holds only so */
+    scan_all(x, M, H, outl, K, wo, packed, s, qsum, wl1, V16, V, &env, NULL);
 }
 
-/* ub, lb [n, 16] of the groups groups[i] of rows rows[i], as head_envelope_q8 computed them:
- * the same int32 sums (exact), the same float steps. */
-void head_bounds_q8(const float *x, int64_t M, int64_t H, const int8_t *packed, const float *s,
-                    const int32_t *qsum, const float *wl1, int64_t V, const int64_t *rows,
-                    const int64_t *groups, int64_t n, float *ub, float *lb) {
+/* Both limbs' int32 sums of one row (x1, x2 [H]) against one group of 16 vocabulary rows (p:
+ * its [H/4, 16, 4] block): exact, so equal to the scan's whatever the order. */
+static void group_sums(const uint8_t *x1, const uint8_t *x2, int64_t H, const int8_t *p,
+                       int32_t hi[16], int32_t lo[16]) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    __m512i a1 = _mm512_setzero_si512(), a2 = _mm512_setzero_si512();
+    for (int64_t d4 = 0; d4 < H / 4; d4++) {
+        const __m512i w = _mm512_loadu_si512((const void *)(p + d4 * 64));
+        int32_t q1, q2;
+        memcpy(&q1, x1 + 4 * d4, 4);
+        memcpy(&q2, x2 + 4 * d4, 4);
+        a1 = _mm512_dpbusd_epi32(a1, _mm512_set1_epi32(q1), w);
+        a2 = _mm512_dpbusd_epi32(a2, _mm512_set1_epi32(q2), w);
+    }
+    _mm512_storeu_si512((void *)hi, a1);
+    _mm512_storeu_si512((void *)lo, a2);
+#else
+    for (int l = 0; l < 16; l++) {
+        int32_t s1 = 0, s2 = 0;
+        for (int64_t d = 0; d < H; d++) {
+            const int32_t q = p[((d / 4) * 16 + l) * 4 + d % 4];
+            s1 += (int32_t)x1[d] * q;
+            s2 += (int32_t)x2[d] * q;
+        }
+        hi[l] = s1;
+        lo[l] = s2;
+    }
+#endif
+}
+
+/* ub, lb [n, 16] of the groups groups[i] of rows rows[i], as head_envelope_q8 computed them
+ * (the same outliers): the same int32 sums (exact), the same float steps. */
+void head_bounds_q8(const float *x, int64_t M, int64_t H, const int32_t *outl, int64_t K,
+                    const float *wo, const int8_t *packed, const float *s, const int32_t *qsum,
+                    const float *wl1, int64_t V, const int64_t *rows, const int64_t *groups,
+                    int64_t n, float *ub, float *lb) {
+    if (K > MAX_OUTLIERS) K = MAX_OUTLIERS;
     uint8_t *x1 = malloc((size_t)(2 * M * H)), *x2 = x1 + M * H;
-    float *sx = malloc(sizeof(float) * (size_t)M), *half_l1 = malloc(sizeof(float) * (size_t)M);
-    quantize_rows(x, M, H, x1, x2, sx, half_l1);
-    const int64_t H4 = H / 4;
-    _Pragma("omp parallel for schedule(dynamic, 8)")
+    float *sx = malloc(sizeof(float) * (size_t)M), *xl1 = malloc(sizeof(float) * (size_t)M);
+    float *xo = malloc(sizeof(float) * (size_t)(M * (K > 0 ? K : 1)));
+    quantize_rows(x, M, H, outl, K, x1, x2, xo, sx, xl1);
+    _Pragma("omp parallel for schedule(dynamic, 8) if (n >= 64)")
     for (int64_t i = 0; i < n; i++) {
         const int64_t m = rows[i], v0 = groups[i] * 16;
-        const int8_t *p = packed + groups[i] * H4 * 64;
-        int32_t hi[16], lo[16];
-        for (int l = 0; l < 16; l++) {
-            int32_t a1 = 0, a2 = 0;
-            for (int64_t d = 0; d < H; d++) {
-                const int32_t q = p[((d / 4) * 16 + l) * 4 + d % 4];
-                a1 += (int32_t)x1[m * H + d] * q;
-                a2 += (int32_t)x2[m * H + d] * q;
-            }
-            hi[l] = a1;
-            lo[l] = a2;
-        }
-        float a[16];
-        const float ex = sx[m] / 508.0f, xl1 = half_l1[m] + 0.5f * (float)H * ex;
         for (int l = 0; l < 16; l++) ub[i * 16 + l] = lb[i * 16 + l] = -INFINITY;
         if (v0 >= V) continue;
+        int32_t hi[16], lo[16];
+        group_sums(x1 + m * H, x2 + m * H, H, packed + groups[i] * (H / 4) * 64, hi, lo);
+        float a[16];
         logits16(a, hi, lo, v0, s, qsum, sx[m], V);
-        bounds16(a, v0, s, wl1, ex, xl1, V, ub + i * 16, lb + i * 16);
+        outliers16(a, xo + m * K, wo + v0 * K, K);
+        bounds16(a, v0, s, wl1, sx[m] / 508.0f, xl1[m], V, ub + i * 16, lb + i * 16);
     }
-    free(half_l1);
+    free(xo);
+    free(xl1);
     free(sx);
     free(x1);
 }

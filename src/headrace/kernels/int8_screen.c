@@ -36,8 +36,6 @@
 #include <immintrin.h>
 #endif
 
-#define MAX_OUTLIERS 32
-
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* One limb's sums over 4 groups (64 vocabulary rows) and MB rows: 4 * MB independent chains. */
 #define DEFINE_DOTS1(NAME, MB)                                                                 \

@@ -47,13 +47,7 @@ class OneLimbScreen:
         Gemma's hidden states keep their heavy channels from step to step and prompt to prompt,
         so the first step's rows choose them; a poor choice costs speed, never exactness.
         """
-        h = self.head
-        k = min(k, h.weight.shape[1])
-        chosen = x.abs().amax(dim=0).topk(k).indices.sort().values
-        cols = h.weight[:, chosen].float()  # [V, K]
-        cols = torch.nn.functional.pad(cols, (0, 0, 0, h.v16 - h.weight.shape[0]))
-        self.outlier_weights = cols.view(h.v16 // 16, 16, k).transpose(1, 2).contiguous()
-        self.outliers = chosen.to(torch.int32)
+        self.outliers, self.outlier_weights = outlier_channels(self.head, x, k)
 
     def wanted(self, rows: int) -> bool:
         """Whether this step should take one limb (counts the call)."""
@@ -89,6 +83,18 @@ class OneLimbScreen:
         )
         self.mean_candidates = 0.75 * self.mean_candidates + 0.25 * kept / x.shape[0]
         return out
+
+
+def outlier_channels(
+    head: HeadArrays, x: torch.Tensor, k: int = OUTLIERS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k channels largest in `x` [M, H] (fp32), ascending [K] int32, and the head's weights
+    in them, 16 vocabulary rows a vector: [V16/16, K, 16] fp32 (exact: the head is bf16)."""
+    k = min(k, head.weight.shape[1])
+    chosen = x.abs().amax(dim=0).topk(k).indices.sort().values
+    cols = head.weight[:, chosen].float()  # [V, K]
+    cols = torch.nn.functional.pad(cols, (0, 0, 0, head.v16 - head.weight.shape[0]))
+    return chosen.to(torch.int32), cols.view(head.v16 // 16, 16, k).transpose(1, 2).contiguous()
 
 
 class HeadArrays(Protocol):
