@@ -3,7 +3,8 @@
 as do all sampled rows of a speculating step with a row the screened sampler cannot draw or
 more than head_picks.WITH_DRAFTS rows (else its draft rows are drawn there too), the top_p
 rows of a step with more than screened_top_p.MAX_ROWS of them, and the sampled rows of a step
-with at most the screened sampler's `few_rows` of them (a model with a cheap few-row head)."""
+with at most the screened sampler's `few_rows` of them (a model with a cheap few-row head) or
+more than its `max_rows` (a CPU without AMX, where the full head is then faster)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,31 @@ def test_a_step_of_few_sampled_rows_takes_a_cheap_few_row_head() -> None:
         seen.clear()
         reqs = [_req(f"s{i}", top_p=0.9) if i % 2 else _req(f"s{i}") for i in range(n)]
         reqs.append(_req("greedy", temperature=0.0))  # the int8 head's, either way
+        rows = torch.randn(len(reqs), 64, generator=gen).bfloat16()
+        before = screened.stats.rows
+        picks = pick_tokens(rows, reqs, head, full_head, Sampler(0), grammars, screened)
+        assert all(0 <= t < 2000 for t in picks.tokens)
+        if on_full_head:
+            assert torch.equal(seen[0], rows[:n]) and screened.stats.rows == before
+        else:
+            assert seen == [] and screened.stats.rows == before + n
+
+
+def test_a_step_of_more_sampled_rows_than_max_rows_takes_the_full_head() -> None:
+    gen = torch.Generator().manual_seed(3)
+    w = (torch.randn(2000, 64, generator=gen) * 0.05).bfloat16()
+    head = Int8GreedyHead(w)
+    seen: list[torch.Tensor] = []
+
+    def full_head(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x)
+        return x @ w.t()
+
+    grammars = GrammarMasks(lambda: "", 2000, ())
+    screened = ScreenedSampler(head, seed=0, max_rows=6)
+    for n, on_full_head in ((6, False), (7, True)):
+        seen.clear()
+        reqs = [_req(f"s{i}") for i in range(n)] + [_req("greedy", temperature=0.0)]
         rows = torch.randn(len(reqs), 64, generator=gen).bfloat16()
         before = screened.stats.rows
         picks = pick_tokens(rows, reqs, head, full_head, Sampler(0), grammars, screened)

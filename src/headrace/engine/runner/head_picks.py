@@ -12,9 +12,10 @@ drafts of such requests take the full head's logits as before, except the plain 
 screened sampler draws exactly from the int8 head's bounds where it has one, unless they are at
 most the screened sampler's `few_rows`: the model has a head that cheap for them (its GGUF's
 Q8_0 head: reading it costs what the int8 envelope does, and the full logits spare the
-rejection). A speculating step's draft rows of such requests go there too where all of the
-step's sampled rows can and they are at most WITH_DRAFTS: a draft row's pick is a draw from its
-request's distribution there (speculative sampling), the same whichever way it is drawn (an
+rejection), or more than its `max_rows` (without AMX the full head is faster for that many).
+A speculating step's draft rows of such requests go there too where all of the step's sampled
+rows can and they are at most WITH_DRAFTS: a draft row's pick is a draw from its request's
+distribution there (speculative sampling), the same whichever way it is drawn (an
 unseeded request's).
 
 Rows: the step's sampled rows, one per request, then the draft rows, request after request.
@@ -90,9 +91,10 @@ def pick_tokens(
     own = [i for i in range(s) if not greedy[i]]
     drafts = [i for i in range(s, n) if not greedy[i]]
     full_rows = len(own) + len(drafts)
-    # a few-row step's full head is cheap (few_rows); a speculating step's pays for all its rows
+    # a few-row step's full head is cheap (few_rows), a many-row step's too for each row
+    # (max_rows); a speculating step's pays for all its rows
     screen = not drafts or full_rows <= WITH_DRAFTS
-    if screened is not None and own and screened.few_rows < full_rows and screen:
+    if screened is not None and own and screened.worth(full_rows) and screen:
         own, drafts = _draw_screened(rows, sampled, own, drafts, screened, sampler, flat)
     if own or drafts:
         full = rows if len(own) + len(drafts) == n else rows[own + drafts]

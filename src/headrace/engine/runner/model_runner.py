@@ -18,7 +18,7 @@ from headrace.engine.runner.determinism import choose_matmuls
 from headrace.engine.runner.head_picks import pick_tokens, runner_output
 from headrace.engine.runner.precision import pick_device, pick_dtype
 from headrace.engine.runner.sampler import Sampler
-from headrace.engine.runner.screened_sampler import ScreenedSampler
+from headrace.engine.runner.screened_sampler import VNNI_MAX_ROWS, ScreenedSampler
 from headrace.engine.runner.step_inputs import StepInputs, build_step_inputs
 from headrace.engine.runner.structured import GrammarMasks
 from headrace.kernels.build import switched_on
@@ -282,4 +282,5 @@ def _screened_sampler(model: CausalLM, head: Int8GreedyHead | None) -> ScreenedS
         or not switched_on("HEADRACE_SCREENED_SAMPLER")
     ):
         return None
-    return ScreenedSampler(head, few_rows=model.few_row_head)
+    max_rows = None if head.one_limb is None else VNNI_MAX_ROWS  # one_limb: no AMX
+    return ScreenedSampler(head, few_rows=model.few_row_head, max_rows=max_rows)

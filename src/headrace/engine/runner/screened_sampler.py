@@ -33,7 +33,7 @@ from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.screened_top_p import MAX_ROWS as MAX_TOP_P_ROWS
 from headrace.engine.runner.screened_top_p import ScreenedTopP
-from headrace.kernels.int8_envelope import GroupEnvelope, Int8Envelope
+from headrace.kernels.int8_envelope import OUTLIERS, GroupEnvelope, Int8Envelope
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.request import SamplingParams
 
@@ -43,6 +43,10 @@ MIN_TEMPERATURE = 0.2
 PROPOSALS = 12  # per row and round, drawn together
 ROUNDS = 6
 MAX_GROUPS = 512  # a min_p row with its allowed tokens in at most these: rescored, no rejection
+# Most sampled rows of a step it draws with VNNI and no AMX, where the two-limb scan makes as
+# many multiply-adds as the bf16 head's matmul: past 8-12 rows the full head and the C sampler
+# are faster (docs/performance.md, 2026-12-07). With AMX the scan runs on tiles: no bound.
+VNNI_MAX_ROWS = 8
 
 
 def screened_row(r: ScheduledRequest, vocab: int) -> bool:
@@ -76,17 +80,23 @@ class ScreenStats:
 
 
 class ScreenedSampler:
-    # Fewest plain sampled rows a step hands it. bench/sampled_head.py on a quiet 2-core EPYC
-    # without AMX, 12 proposals a round: 1.59x the full head and the sampler at 1 row,
-    # 1.41-1.45x at 4, 1.13-1.17x at 16, 1.98-2.5x at 32-64 (an earlier, loaded run put 4 rows
-    # at 0.4x: noise); so every step. A deployment can raise it.
-    min_rows = 1
+    min_rows = 1  # fewest plain sampled rows a step hands it: every step (or a deployment's)
 
-    def __init__(self, head: Int8GreedyHead, seed: int | None = None, few_rows: int = 0) -> None:
+    def __init__(
+        self,
+        head: Int8GreedyHead,
+        seed: int | None = None,
+        few_rows: int = 0,
+        outliers: int = OUTLIERS,
+        max_rows: int | None = None,
+    ) -> None:
         """few_rows: a step with at most these sampled rows leaves them to the full head, which
-        the model has that cheap for so few (head_picks.py)."""
+        the model has that cheap for so few (head_picks.py); outliers: the envelope's heavy
+        channels (int8_envelope.py); max_rows: a step with more sampled rows than this leaves
+        them to the full head, which is then faster (None: no bound; VNNI_MAX_ROWS)."""
+        self.max_rows = max_rows
         self.few_rows = few_rows
-        self.env = Int8Envelope(head)
+        self.env = Int8Envelope(head, outliers)
         self.weight = head.weight  # [V, H] bf16, H padded as the envelope's x
         self.vocab = self.env.vocab
         self.gen = torch.Generator()
@@ -96,6 +106,11 @@ class ScreenedSampler:
             self.gen.manual_seed(seed)
         self.stats = ScreenStats()
         self.top_p = ScreenedTopP(self.env, self.weight, self.gen)
+
+    def worth(self, rows: int) -> bool:
+        """Whether a step with `rows` rows for the full head should bring its plain sampled
+        ones here (few_rows < rows <= max_rows)."""
+        return self.few_rows < rows and (self.max_rows is None or rows <= self.max_rows)
 
     def takes(self, r: ScheduledRequest) -> bool:
         """Whether r's row is this sampler's to draw now: `screened_row`, and not a top_p row
