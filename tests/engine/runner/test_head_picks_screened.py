@@ -117,15 +117,8 @@ def test_a_step_of_few_sampled_rows_takes_a_cheap_few_row_head() -> None:
 
 
 def test_a_step_of_more_sampled_rows_than_max_rows_takes_the_full_head() -> None:
+    _, head, seen, full_head = _setup(3)
     gen = torch.Generator().manual_seed(3)
-    w = (torch.randn(2000, 64, generator=gen) * 0.05).bfloat16()
-    head = Int8GreedyHead(w)
-    seen: list[torch.Tensor] = []
-
-    def full_head(x: torch.Tensor) -> torch.Tensor:
-        seen.append(x)
-        return x @ w.t()
-
     grammars = GrammarMasks(lambda: "", 2000, ())
     screened = ScreenedSampler(head, seed=0, max_rows=6)
     for n, on_full_head in ((6, False), (7, True)):
