@@ -100,38 +100,43 @@ def test_a_step_of_few_sampled_rows_takes_a_cheap_few_row_head() -> None:
         seen.append(x)
         return x @ w.t()
 
-    grammars = GrammarMasks(lambda: "", 2000, ())
     screened = ScreenedSampler(head, seed=0, few_rows=4)
     for n, on_full_head in ((4, True), (5, False)):
-        seen.clear()
         reqs = [_req(f"s{i}", top_p=0.9) if i % 2 else _req(f"s{i}") for i in range(n)]
         reqs.append(_req("greedy", temperature=0.0))  # the int8 head's, either way
-        rows = torch.randn(len(reqs), 64, generator=gen).bfloat16()
-        before = screened.stats.rows
-        picks = pick_tokens(rows, reqs, head, full_head, Sampler(0), grammars, screened)
-        assert all(0 <= t < 2000 for t in picks.tokens)
-        if on_full_head:
-            assert torch.equal(seen[0], rows[:n]) and screened.stats.rows == before
-        else:
-            assert seen == [] and screened.stats.rows == before + n
+        _step_goes(on_full_head, reqs, n, head, full_head, seen, screened, gen)
 
 
 def test_a_step_of_more_sampled_rows_than_max_rows_takes_the_full_head() -> None:
     _, head, seen, full_head = _setup(3)
     gen = torch.Generator().manual_seed(3)
-    grammars = GrammarMasks(lambda: "", 2000, ())
     screened = ScreenedSampler(head, seed=0, max_rows=6)
     for n, on_full_head in ((6, False), (7, True)):
-        seen.clear()
         reqs = [_req(f"s{i}") for i in range(n)] + [_req("greedy", temperature=0.0)]
-        rows = torch.randn(len(reqs), 64, generator=gen).bfloat16()
-        before = screened.stats.rows
-        picks = pick_tokens(rows, reqs, head, full_head, Sampler(0), grammars, screened)
-        assert all(0 <= t < 2000 for t in picks.tokens)
-        if on_full_head:
-            assert torch.equal(seen[0], rows[:n]) and screened.stats.rows == before
-        else:
-            assert seen == [] and screened.stats.rows == before + n
+        _step_goes(on_full_head, reqs, n, head, full_head, seen, screened, gen)
+
+
+def _step_goes(
+    on_full_head: bool,
+    reqs: list[ScheduledRequest],
+    n: int,
+    head: Int8GreedyHead,
+    full_head: Any,
+    seen: list[torch.Tensor],
+    screened: ScreenedSampler,
+    gen: torch.Generator,
+) -> None:
+    """One step of `reqs` (n sampled rows first): all n on the full head, or all screened."""
+    seen.clear()
+    rows = torch.randn(len(reqs), 64, generator=gen).bfloat16()
+    before = screened.stats.rows
+    grammars = GrammarMasks(lambda: "", 2000, ())
+    picks = pick_tokens(rows, reqs, head, full_head, Sampler(0), grammars, screened)
+    assert all(0 <= t < 2000 for t in picks.tokens)
+    if on_full_head:
+        assert torch.equal(seen[0], rows[:n]) and screened.stats.rows == before
+    else:
+        assert seen == [] and screened.stats.rows == before + n
 
 
 def _setup(seed: int) -> tuple[torch.Tensor, Int8GreedyHead, list[torch.Tensor], Any]:
