@@ -18,7 +18,8 @@ VNNI alone (on Gemma's hidden states, against the bf16 matmul: 12.9 vs 18.6 ms a
 text, 16.7 vs 19.0 on random-token prompts, 28.6 vs 34.5 at 32 rows, 73 vs 130 at 128;
 bench/greedy_head.py); never without VNNI, where the portable dot products lose to the bf16
 matmul (bench/kernels.py, greedy_head). Costs 1 byte per head weight of memory (168 MB for
-Gemma 3 270M), and 16 MB more without AMX.
+Gemma 3 270M), 16 MB more without AMX (the one-limb screen's outlier weights) and 8 MB more
+once a step is sampled (the envelope's, int8_envelope.py).
 
 Shapes: hidden [M, H] -> [M] int64 token ids.
 """
