@@ -23,6 +23,10 @@ vLLM needs a dense bf16 HF directory of the same weights: made here with `headra
   .venv/bin/python bench/peers/compare.py --out bench/out/compare
   .venv/bin/python bench/peers/compare.py --servers headrace,llamacpp --levels 1,4
   .venv/bin/python bench/peers/compare.py --sampling t0.8,t1.0p0.95 --levels 1,16,32,64
+  # llama-server only where it is the nearest peer (one stream): its 64-stream levels take
+  # minutes each
+  .venv/bin/python bench/peers/compare.py --sampling greedy,t0.8,t1.0p0.95 \
+      --levels 1,16,32,64 --peer-levels 'llamacpp=1'
 """
 
 from __future__ import annotations
@@ -135,7 +139,7 @@ async def measure(
             target, warm_load, "concurrency", min(4, args.warmup), warm, scrape_interval=None
         )
     rows = []
-    for level in args.levels:
+    for level in levels_of(peer.name, args):
         bounds = Bounds(
             num_requests=max(args.min_requests, args.rounds * level),
             duration=args.max_seconds,
@@ -187,7 +191,7 @@ def run_peer(name: str, workload: Workload, args: argparse.Namespace) -> dict[st
             vllm_rows = []
             if "vllm" in args.clients and vllm_client.available():
                 temperature, top_p = SAMPLING[sampling]
-                for level in args.levels:
+                for level in levels_of(name, args):
                     n = max(args.min_requests, args.rounds * level)
                     seed = 1000 + level + 1_000_000 * k
                     row = vllm_client.run_level(
@@ -203,6 +207,21 @@ def run_peer(name: str, workload: Workload, args: argparse.Namespace) -> dict[st
         return {"error": str(exc), "levels": [], "log": str(log)}
     finally:
         stop(proc)
+
+
+def levels_of(name: str, args: argparse.Namespace) -> list[int]:
+    """The levels `name` is measured at: --peer-levels' own, else --levels."""
+    levels: list[int] = args.peer_levels.get(name, args.levels)
+    return levels
+
+
+def peer_levels(spec: str) -> dict[str, list[int]]:
+    """'llamacpp=1;vllm=1,16' -> {'llamacpp': [1], 'vllm': [1, 16]}."""
+    out = {}
+    for part in filter(None, spec.split(";")):
+        name, _, levels = part.partition("=")
+        out[name.strip()] = [int(v) for v in levels.split(",")]
+    return out
 
 
 def ratios(
@@ -274,6 +293,9 @@ def main() -> int:
     p.add_argument("--levels", default="1,4,16,32")
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--prompt-len", default="32:256", help="words, LO:HI (varied prompts)")
+    p.add_argument(
+        "--peer-levels", default="", help="a server's own levels: 'llamacpp=1;vllm=1,16'"
+    )
     p.add_argument("--rounds", type=int, default=3, help="requests per level = rounds x streams")
     p.add_argument("--min-requests", type=int, default=12)
     p.add_argument("--max-seconds", type=float, default=120.0, help="cap per level")
@@ -286,6 +308,7 @@ def main() -> int:
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "compare"))
     args = p.parse_args()
     args.levels = [int(v) for v in args.levels.split(",")]
+    args.peer_levels = peer_levels(args.peer_levels)
     args.sampling = [s for s in args.sampling.split(",") if s]
     if unknown := set(args.sampling) - set(SAMPLING):
         raise SystemExit(f"unknown --sampling {sorted(unknown)}: use {', '.join(SAMPLING)}")
@@ -299,7 +322,13 @@ def main() -> int:
     )
     if "vllm" in args.clients and vllm_client.available():
         ensure_hf_dir(Path(args.hf_dir), args.gguf)  # the tokenizer vLLM's client reads
-    servers = {name: run_peer(name, workload, args) for name in args.servers.split(",")}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    servers: dict[str, dict[str, Any]] = {}
+    for name in args.servers.split(","):
+        servers[name] = run_peer(name, workload, args)
+        # each server's rows as soon as it is done: a run cut short keeps what it measured
+        (out / "compare.partial.json").write_text(json.dumps(servers, indent=1))
     result = {
         "workload": workload.describe(),
         "prompt_tokens_per_word": tokens_per_word(workload, Path(args.hf_dir)),
@@ -313,8 +342,6 @@ def main() -> int:
         result[f"headrace_over_best_peer_vllm_client{suffix}"] = ratios(
             servers, args.levels, f"vllm_bench_serve{suffix}"
         )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(result, indent=1))
     plot(result, out / "compare.png")
     print(json.dumps(result, indent=1))
