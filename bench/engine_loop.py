@@ -1,0 +1,115 @@
+"""The engine core alone in a closed loop, on the load of vLLM's `bench serve` client
+(compare.py): random-token prompts of 128-384 tokens, 32-96 output tokens (`ignore_eos`),
+`--streams` requests open at once, a new one as each ends, `--requests` in all. No HTTP, no
+client, no second process: what the engine does on its own, to set beside a served run.
+
+Prints JSON: output tokens/s over the loop's wall time, and per kind of step (prefill only,
+decode only, mixed) the steps, their seconds, prompt tokens and decode rows; with `--profile`,
+the seconds of each category of `step_profile.py` per kind (wrappers timed around the call
+sites, so a little slower than without).
+
+    .venv/bin/python bench/engine_loop.py --streams 32 --requests 96
+    .venv/bin/python bench/engine_loop.py --streams 32 --requests 96 --temperature 0.8 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import step_profile  # noqa: E402  (beside this script: the category wrappers)
+
+from headrace.config import CacheConfig, ModelConfig, SchedulerConfig  # noqa: E402
+from headrace.engine.core.engine_core import EngineCore  # noqa: E402
+from headrace.engine.messages import EngineCoreRequest, StepStats  # noqa: E402
+from headrace.request import SamplingParams  # noqa: E402
+
+
+def make_request(i: int, rng: random.Random, vocab: int, temperature: float) -> EngineCoreRequest:
+    ids = [rng.randrange(1000, vocab - 1000) for _ in range(rng.randint(128, 384))]
+    params = SamplingParams(
+        temperature=temperature, max_tokens=rng.randint(32, 96), ignore_eos=True
+    )
+    return EngineCoreRequest(f"r{i}", ids, params)
+
+
+def kind(stats: StepStats) -> str:
+    if stats.num_prefill_tokens == 0:
+        return "decode"
+    return "prefill" if stats.num_decode_tokens == 0 else "mixed"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    core = EngineCore.from_configs(ModelConfig(), CacheConfig(), SchedulerConfig())
+    vocab = int(getattr(core.runner, "vocab_size", 262_144))
+    rng = random.Random(args.seed)
+    for i in range(4):  # warm-up, uncounted
+        core.add_request(make_request(-1 - i, rng, vocab, args.temperature))
+    while core.has_work():
+        core.step()
+    if args.profile:
+        step_profile.instrument()
+    sent = out_tokens = 0
+    for _ in range(args.streams):
+        core.add_request(make_request(sent, rng, vocab, args.temperature))
+        sent += 1
+    kinds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    spent: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    start = time.perf_counter()
+    while core.has_work():
+        step_profile.SPENT.clear()
+        outputs, stats = core.step()
+        k = kind(stats)
+        row = kinds[k]
+        row["steps"] += 1
+        row["s"] += stats.step_duration
+        row["prompt_tokens"] += stats.num_prefill_tokens
+        row["decode_rows"] += stats.num_decode_tokens
+        for name, seconds in step_profile.SPENT.items():
+            spent[k][name] += seconds
+        for o in outputs:
+            out_tokens += len(o.new_token_ids)
+            if o.finish_reason is not None and sent < args.requests:
+                core.add_request(make_request(sent, rng, vocab, args.temperature))
+                sent += 1
+    wall = time.perf_counter() - start
+    report: dict[str, Any] = {
+        "streams": args.streams,
+        "requests": args.requests,
+        "temperature": args.temperature,
+        "wall_s": round(wall, 2),
+        "output_tokens": out_tokens,
+        "output_tokens_per_s": round(out_tokens / wall, 1),
+        "by_kind": {
+            k: {**{n: round(v, 2) for n, v in row.items()}, "ms_a_step": round(
+                row["s"] / row["steps"] * 1e3, 1)}
+            for k, row in kinds.items()
+        },
+    }  # fmt: skip
+    if args.profile:
+        report["profile_s"] = {
+            k: {n: round(v, 2) for n, v in row.items()} for k, row in spent.items()
+        }
+    return report
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--streams", type=int, default=32)
+    p.add_argument("--requests", type=int, default=96)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=1016)
+    p.add_argument("--profile", action="store_true", help="seconds per category and kind")
+    print(json.dumps(run(p.parse_args()), indent=1))
+
+
+if __name__ == "__main__":
+    main()
