@@ -1,7 +1,8 @@
 """The engine core alone in a closed loop, on the load of vLLM's `bench serve` client
 (compare.py): random-token prompts of 128-384 tokens, 32-96 output tokens (`ignore_eos`),
 `--streams` requests open at once, a new one as each ends, `--requests` in all. No HTTP, no
-client, no second process: what the engine does on its own, to set beside a served run.
+client, no second process: what the engine does on its own, to set beside a served run. The
+KV pool is touched before the loop, as in a server that has run a while.
 
 Prints JSON: output tokens/s over the loop's wall time, and per kind of step (prefill only,
 decode only, mixed) the steps, their seconds, prompt tokens and decode rows; with `--profile`,
@@ -30,6 +31,7 @@ import step_profile  # noqa: E402  (beside this script: the category wrappers)
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from headrace.engine.core.engine_core import EngineCore  # noqa: E402
 from headrace.engine.messages import EngineCoreRequest, StepStats  # noqa: E402
+from headrace.engine.runner.model_runner import ModelRunner  # noqa: E402
 from headrace.request import SamplingParams  # noqa: E402
 
 
@@ -49,8 +51,14 @@ def kind(stats: StepStats) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     core = EngineCore.from_configs(ModelConfig(), CacheConfig(), SchedulerConfig())
-    vocab = int(getattr(core.runner, "vocab_size", 262_144))
+    assert isinstance(core.runner, ModelRunner)
+    vocab = core.runner.vocab_size
     rng = random.Random(args.seed)
+    # A fresh pool's pages are faulted in by the first step to write them (1.3 s a GiB here,
+    # kv_cache.py); a server that has run a while has paid that, so the loop does it first.
+    for pair in core.runner.kv_cache.layers:
+        for pool in pair:
+            pool.zero_()
     for i in range(4):  # warm-up, uncounted
         core.add_request(make_request(-1 - i, rng, vocab, args.temperature))
     while core.has_work():
