@@ -233,7 +233,9 @@ def test_a_killed_or_stopped_server_resumes_the_batch_without_rerunning_a_line(
     model: Path, tenants: Path, tmp_path: Path
 ) -> None:
     args = server_args(model, tenants, tmp_path, "--batch-concurrency", "1")
-    lines = completion_lines(16, max_tokens=120, ignore_eos=True)
+    # Long lines (about a second each here): a restarted server takes the batch up again
+    # before the test sees it ready, and short lines could all finish in that time.
+    lines = completion_lines(16, max_tokens=400, ignore_eos=True)
     db = tmp_path / "batches" / "batches.db"
     before: dict[str, str] = {}
     batch_id = ""

@@ -31,6 +31,25 @@ def runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     )
 
 
+def test_the_context_is_no_longer_than_the_kv_pool(
+    runner: ModelRunner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pool of 20 blocks of 4 holds 80 tokens: the runner serves a context of 80, says so
+    in the log, and takes a request of 80 tokens; a pool that holds the model's 512 changes
+    nothing."""
+    small = ModelRunner.from_parts(
+        runner.model, runner.model_dir, CacheConfig(block_size=4, num_kv_blocks=20), 512
+    )
+    assert small.max_model_len == 80
+    assert "the KV pool holds 80 tokens, fewer than max_model_len 512" in caplog.text
+    out = greedy(small, [_prompts()[6][:40]], 40)[0]  # 40 + 40 = the whole pool
+    assert len(out) == 40
+    whole = ModelRunner.from_parts(
+        runner.model, runner.model_dir, CacheConfig(block_size=4, num_kv_blocks=128), 512
+    )
+    assert whole.max_model_len == 512
+
+
 def _prompts() -> list[list[int]]:
     gen = torch.Generator().manual_seed(7)
     return [torch.randint(4, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]

@@ -110,7 +110,6 @@ class ModelRunner:
         self.model = model
         self.model_dir = model_dir  # its tokenizer.json: structured outputs read it
         self.model_name = model_name
-        self.max_model_len = max_model_len
         weight = model.embed_weight
         self.device, self.dtype = weight.device, weight.dtype
         self.vocab_size = model.args.vocab_size
@@ -123,6 +122,7 @@ class ModelRunner:
         self.num_kv_blocks = cache_config.num_kv_blocks or blocks_for_budget(
             model.args, self.block_size, self.dtype, kv_budget_gib(cache_config, self.device)
         )
+        self.max_model_len = _context_in_pool(max_model_len, self.num_kv_blocks * self.block_size)
         # The model's own; the front end adds its tokenizer's (chat turn ends) per request.
         eos = model.args.eos_token_ids + extra_eos
         self.eos_token_ids = tuple(dict.fromkeys(i for i in eos if 0 <= i < self.vocab_size))
@@ -252,6 +252,19 @@ class ModelRunner:
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,
         }
+
+
+def _context_in_pool(max_model_len: int, pool_tokens: int) -> int:
+    """The context a request may have: no more than the KV pool holds, or a request the model
+    allows (a chat's default max_tokens fills the context) would be refused at every step."""
+    if pool_tokens >= max_model_len:
+        return max_model_len
+    log.warning(
+        "the KV pool holds %d tokens, fewer than max_model_len %d: serving a context of %d "
+        "(raise --kv-cache-memory-gb / --num-kv-blocks, or set --max-model-len)",
+        pool_tokens, max_model_len, pool_tokens,
+    )  # fmt: skip
+    return pool_tokens
 
 
 def _tokenizer_json(model_dir: Path | None) -> str:
