@@ -35,7 +35,9 @@ class ModelConfig:
         "other requests, chunk sizes, prefix-cache hits or speculation (int8 matmuls off, one "
         "row-independent matmul, per-token attention; CPU bf16; docs/engine.md)",
     )
-    max_model_len: int | None = setting(None, "cap on prompt + output tokens (default: model's)")
+    max_model_len: int | None = setting(
+        None, "cap on prompt + output tokens (default: the model's; at most what the KV pool holds)"
+    )
     num_threads: int | None = setting(None, "torch CPU threads (default: torch's choice)")
     lora: tuple[str, ...] = setting(
         (), "NAME=PATH: serve the PEFT LoRA adapter in directory PATH as model NAME over the "
