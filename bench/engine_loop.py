@@ -21,6 +21,7 @@ import random
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,45 +50,75 @@ def kind(stats: StepStats) -> str:
     return "prefill" if stats.num_decode_tokens == 0 else "mixed"
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class Kind:
+    """The steps of one kind, summed."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    prompt_tokens: int = 0
+    decode_rows: int = 0
+    spent: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # --profile
+
+    def add(self, stats: StepStats) -> None:
+        self.steps += 1
+        self.seconds += stats.step_duration
+        self.prompt_tokens += stats.num_prefill_tokens
+        self.decode_rows += stats.num_decode_tokens
+        for name, seconds in step_profile.SPENT.items():
+            self.spent[name] += seconds
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "s": round(self.seconds, 2),
+            "prompt_tokens": self.prompt_tokens,
+            "decode_rows": self.decode_rows,
+            "ms_a_step": round(self.seconds / self.steps * 1e3, 1),
+        }
+
+
+def warmed_core(rng: random.Random, temperature: float) -> tuple[EngineCore, int]:
+    """The core, its KV pool touched and four requests drawn from `rng` run; and the model's
+    vocabulary."""
     core = EngineCore.from_configs(ModelConfig(), CacheConfig(), SchedulerConfig())
     assert isinstance(core.runner, ModelRunner)
-    vocab = core.runner.vocab_size
-    rng = random.Random(args.seed)
     # A fresh pool's pages are faulted in by the first step to write them (1.3 s a GiB here,
     # kv_cache.py); a server that has run a while has paid that, so the loop does it first.
     for pair in core.runner.kv_cache.layers:
         for pool in pair:
             pool.zero_()
-    for i in range(4):  # warm-up, uncounted
-        core.add_request(make_request(-1 - i, rng, vocab, args.temperature))
+    for i in range(4):
+        core.add_request(make_request(-1 - i, rng, core.runner.vocab_size, temperature))
     while core.has_work():
         core.step()
+    return core, core.runner.vocab_size
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    core, vocab = warmed_core(rng, args.temperature)
     if args.profile:
         step_profile.instrument()
     sent = out_tokens = 0
-    for _ in range(args.streams):
+
+    def send() -> None:
+        nonlocal sent
         core.add_request(make_request(sent, rng, vocab, args.temperature))
         sent += 1
-    kinds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    spent: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+
+    for _ in range(args.streams):
+        send()
+    kinds: dict[str, Kind] = defaultdict(Kind)
     start = time.perf_counter()
     while core.has_work():
         step_profile.SPENT.clear()
         outputs, stats = core.step()
-        k = kind(stats)
-        row = kinds[k]
-        row["steps"] += 1
-        row["s"] += stats.step_duration
-        row["prompt_tokens"] += stats.num_prefill_tokens
-        row["decode_rows"] += stats.num_decode_tokens
-        for name, seconds in step_profile.SPENT.items():
-            spent[k][name] += seconds
+        kinds[kind(stats)].add(stats)
         for o in outputs:
             out_tokens += len(o.new_token_ids)
             if o.finish_reason is not None and sent < args.requests:
-                core.add_request(make_request(sent, rng, vocab, args.temperature))
-                sent += 1
+                send()
     wall = time.perf_counter() - start
     report: dict[str, Any] = {
         "streams": args.streams,
@@ -96,15 +127,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": round(wall, 2),
         "output_tokens": out_tokens,
         "output_tokens_per_s": round(out_tokens / wall, 1),
-        "by_kind": {
-            k: {**{n: round(v, 2) for n, v in row.items()}, "ms_a_step": round(
-                row["s"] / row["steps"] * 1e3, 1)}
-            for k, row in kinds.items()
-        },
-    }  # fmt: skip
+        "by_kind": {k: row.report() for k, row in kinds.items()},
+    }
     if args.profile:
         report["profile_s"] = {
-            k: {n: round(v, 2) for n, v in row.items()} for k, row in spent.items()
+            k: {n: round(v, 2) for n, v in row.spent.items()} for k, row in kinds.items()
         }
     return report
 
