@@ -33,54 +33,65 @@ def reference(
     return out
 
 
-@pytest.mark.parametrize(
-    ("hq", "hkv", "d"),
-    [
-        (4, 1, 256),
-        (8, 2, 64),
-        (2, 2, 32),
-        (16, 2, 128),
-        (4, 2, 80),
-        (6, 2, 64),
-        (4, 2, 24),
-        (3, 3, 8),
-    ],
-    ids=[
-        "gemma3",
-        "gqa4",
-        "mha",
-        "g8",
-        "d80-tail",
-        "g3-portable",
-        "d24-portable",
-        "tiny-portable",
-    ],
-)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_kernel_matches_gathered_sdpa(hq: int, hkv: int, d: int, dtype: torch.dtype) -> None:
-    gen = torch.Generator().manual_seed(hq * 1000 + d)
-    lengths = [1, 5, 16, 17, 40, 300]  # one slot, partial, exactly a block, block + 1, long
-    nb = [-(-n // BS) for n in lengths]
+Case = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def make_case(
+    hq: int, hkv: int, d: int, dtype: torch.dtype, bs: int = BS
+) -> tuple[Case, torch.Tensor]:
+    """Six sequences over scattered blocks: one slot, partial, exactly a block, block + 1,
+    and two under a window (their tables start a block or two in, their spans later still).
+    Returns (q, k_cache, v_cache, padded table, bounds) and the float64 reference."""
+    gen = torch.Generator().manual_seed(hq * 1000 + d + bs)
+    lengths = [1, 5, bs, bs + 1, 2 * bs + 8, 300]
+    nb = [-(-n // bs) for n in lengths]
     pool = sum(nb) + 3
-    kc = torch.randn(pool, BS, hkv, d, generator=gen).to(dtype)
-    vc = torch.randn(pool, BS, hkv, d, generator=gen).to(dtype)
+    kc = torch.randn(pool, bs, hkv, d, generator=gen).to(dtype)
+    vc = torch.randn(pool, bs, hkv, d, generator=gen).to(dtype)
     order = torch.randperm(pool, generator=gen).tolist()  # scattered blocks
     tables = []
     for n in nb:
         tables.append(order[:n])
         order = order[n:]
-    # a window on two sequences: the table starts one block in, the span later still
     spans = [(0, 0, n) for n in lengths]
-    spans[4] = (BS, BS + 3, 40)
+    spans[4] = (bs, bs + 3, lengths[4])
     tables[4] = tables[4][1:]
-    spans[5] = (2 * BS, 250, 300)
+    spans[5] = (2 * bs, 250, 300)
     tables[5] = tables[5][2:]
     width = max(len(t) for t in tables)
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
     bounds = torch.tensor(spans).t().contiguous()
     q = torch.randn(len(lengths), hq, d, generator=gen).to(dtype)
+    return (q, kc, vc, padded, bounds), reference(q, kc, vc, tables, spans)
+
+
+SHAPES = [
+    (4, 1, 256),
+    (8, 2, 64),
+    (2, 2, 32),
+    (16, 2, 128),
+    (4, 2, 80),
+    (6, 2, 64),
+    (4, 2, 24),
+    (3, 3, 8),
+]
+SHAPE_IDS = [
+    "gemma3",
+    "gqa4",
+    "mha",
+    "g8",
+    "d80-tail",
+    "g3-portable",
+    "d24-portable",
+    "tiny-portable",
+]
+
+
+@pytest.mark.parametrize(("hq", "hkv", "d"), SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_kernel_matches_gathered_sdpa(hq: int, hkv: int, d: int, dtype: torch.dtype) -> None:
+    (q, kc, vc, padded, bounds), want = make_case(hq, hkv, d, dtype)
     got = paged_decode(q, kc, vc, padded, bounds, d**-0.5)
-    want = reference(q, kc, vc, tables, spans)
     assert got.dtype == dtype and got.shape == q.shape
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)

@@ -1,4 +1,5 @@
-"""Decode attention that reads the paged KV cache in place (the C kernel in cpu_kernels.c).
+"""Decode attention that reads the paged KV cache in place: the C kernel in cpu_kernels.c on
+the CPU, a Triton kernel on CUDA (paged_decode_triton.py).
 
 The torch path (layers/attention.py) gathers every sequence's blocks into a padded copy per
 layer and runs SDPA over it: at batch 32, context 300 that is about a third of a Gemma 3 270M
@@ -7,20 +8,91 @@ to each sequence's own length: no copy, no padding, no mask.
 
 Shapes (one layer, one step): q [B, Hq, D]; k_cache, v_cache [N, bs, Hkv, D];
 bounds [3, B] int64 = (base, lo, hi): block_table[b, 0] holds position base[b], and sequence b
-attends to positions [lo[b], hi[b]). Output [B, Hq, D] in q's dtype. Benchmark: bench/kernels.py.
+attends to positions [lo[b], hi[b]). Output [B, Hq, D] in q's dtype. Benchmark: bench/kernels.py
+(CPU), bench/gpu/device_bench.py (CUDA).
+
+On CUDA the Triton kernel is taken where Triton imports and a small probe matches a float64
+reference on the device (checked once per device and dtype: a GPU or Triton build that
+compiles it wrong falls back to the gathered path with a warning, never to wrong numbers).
+`HEADRACE_TRITON_DECODE=0` keeps the gathered path (the baseline the GPU bench compares).
 """
 
 from __future__ import annotations
+
+import logging
+import os
 
 import torch
 
 from headrace.kernels.build import cpu_kernels
 
+log = logging.getLogger(__name__)
 _NAMES = {torch.bfloat16: "paged_decode_bf16", torch.float32: "paged_decode_f32"}
+_GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_probed: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def supported(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and dtype in _NAMES and cpu_kernels() is not None
+    if device.type == "cpu":
+        return dtype in _NAMES and cpu_kernels() is not None
+    if device.type != "cuda" or dtype not in _GPU_DTYPES:
+        return False
+    if os.environ.get("HEADRACE_TRITON_DECODE", "1") == "0":
+        return False
+    key = (str(device), dtype)
+    if key not in _probed:
+        _probed[key] = _probe(device, dtype)
+    return _probed[key]
+
+
+def _probe(device: torch.device, dtype: torch.dtype) -> bool:
+    """The Triton kernel on one small batch against `reference` (float64)."""
+    try:
+        from headrace.kernels.paged_decode_triton import paged_decode_triton
+    except ImportError as e:
+        log.info("no Triton (%s): decode attention gathers the cache on %s", e, device)
+        return False
+    gen = torch.Generator().manual_seed(0)
+    kc = torch.randn(6, 16, 2, 64, generator=gen)
+    vc = torch.randn(6, 16, 2, 64, generator=gen)
+    q = torch.randn(2, 8, 64, generator=gen)
+    table = torch.tensor([[4, 1, 0], [2, 5, 3]])
+    bounds = torch.tensor([[0, 16], [0, 20], [40, 61]])
+    want = reference(q.double(), kc.double(), vc.double(), table, bounds, 0.125)
+    try:
+        qd, kd, vd = (t.to(device, dtype) for t in (q, kc, vc))
+        got = paged_decode_triton(qd, kd, vd, table.to(device), bounds.to(device), 0.125)
+        ok = torch.allclose(got.double().cpu(), want, atol=3e-2, rtol=3e-2)
+    except Exception as e:  # a compiler or launch failure: the gathered path still serves
+        log.warning("Triton decode attention failed on %s (%s): gathering the cache", device, e)
+        return False
+    if not ok:
+        log.warning("Triton decode attention differs on %s %s: gathering the cache", device, dtype)
+    return ok
+
+
+def reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    bounds: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The same attention, one sequence at a time through gathered blocks (slow, any dtype)."""
+    b, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    out = torch.empty_like(q)
+    for i in range(b):
+        base, lo, hi = (int(x) for x in bounds[:, i])
+        blocks = block_table[i, : -(-(hi - base) // bs)]
+        keys = k_cache[blocks].reshape(-1, hkv, d)[lo - base : hi - base]  # [n, Hkv, D]
+        vals = v_cache[blocks].reshape(-1, hkv, d)[lo - base : hi - base]
+        keys = keys.repeat_interleave(hq // hkv, 1).transpose(0, 1)  # [Hq, n, D]
+        vals = vals.repeat_interleave(hq // hkv, 1).transpose(0, 1)
+        probs = torch.softmax((keys @ q[i][:, :, None]).squeeze(-1) * scale, -1)  # [Hq, n]
+        out[i] = (probs[:, None, :] @ vals).squeeze(1)
+    return out
 
 
 def paged_decode(
@@ -31,6 +103,10 @@ def paged_decode(
     bounds: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
+    if q.device.type != "cpu":
+        from headrace.kernels.paged_decode_triton import paged_decode_triton
+
+        return paged_decode_triton(q, k_cache, v_cache, block_table, bounds, scale)
     lib = cpu_kernels()
     assert lib is not None and q.dtype == k_cache.dtype == v_cache.dtype
     b, hq, d = q.shape

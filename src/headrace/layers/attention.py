@@ -3,9 +3,10 @@
 The KV pool of one layer is `[num_blocks, block_size, num_kv_heads, head_dim]`; a sequence's
 tokens live in the blocks of its block table. Each step, new K/V go to their slots, then:
 
-* all single-token queries (decodes) attend in one call: on the CPU through a kernel that reads
-  the blocks in place (kernels/paged_decode.py), elsewhere by SDPA over their gathered blocks,
-  masked by context length (and window);
+* all single-token queries (decodes) attend in one call through a kernel that reads the blocks
+  in place (kernels/paged_decode.py: C on the CPU, Triton on CUDA), or where there is none
+  (no compiler, no Triton) by SDPA over their gathered blocks, masked by context length (and
+  window);
 * each multi-token chunk (prefill) attends on its own: a chunk that starts its sequence in
   bf16 on the CPU through blocked matmuls (causal_attention.py), others with
   `scaled_dot_product_attention`.

@@ -161,7 +161,7 @@ def _decode_views(
         table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int64)
         if paged_kernel:
             bounds = _bounds(decodes, firsts, block_size, window)
-            views[window] = KVView(table.to(device), None, bounds)
+            views[window] = KVView(table.to(device), None, bounds.to(device))
             continue
         offsets = torch.arange(width * block_size, dtype=torch.int64)
         pos = torch.tensor(firsts, dtype=torch.int64)[:, None] * block_size + offsets  # [B, L]

@@ -1,0 +1,116 @@
+"""Decode attention that reads the paged KV cache in place on a GPU (a Triton kernel).
+
+The CUDA path used to gather every sequence's blocks into a padded copy per layer and run
+SDPA over it with a mask built on the host (layers/attention.py `_decode`): a copy of the
+whole context a layer, padding to the longest sequence, and shapes that change every step.
+This kernel takes the C kernel's contract (kernels/paged_decode.py): the block table
+[B, nb] and the bounds [3, B] = (base, lo, hi), tensors whose shapes depend only on the
+batch and the table's width, so a step can be replayed as a graph. It reads only positions
+[lo, hi) of each sequence, where they lie: no copy, no mask, and never a slot that was not
+written (blocks need no zeroing for it).
+
+One program per (sequence, KV head): the G query heads that share the KV head are the rows
+of one tile (padded to 16, `tl.dot`'s smallest), positions are visited BLOCK_N at a time
+with an online softmax in fp32 (as FlashAttention's), each position's slot read from the
+block table, so any block size works.
+
+Shapes: q [B, Hq, D]; k_cache, v_cache [N, bs, Hkv, D]; block_table [B, nb] int64;
+bounds [3, B] int64 on q's device -> [B, Hq, D] in q's dtype. Tested on the CPU through
+Triton's interpreter (TRITON_INTERPRET=1, tests/kernels/test_paged_decode_triton.py; its
+bf16 tiles upcast to fp32 there, see below);
+measured on the GPU by bench/gpu/device_bench.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 32  # positions a loop turn; tl.dot needs 16 or more
+
+
+@triton.jit  # type: ignore[untyped-decorator]  # triton's decorator is untyped
+def _decode_kernel(  # type: ignore[no-untyped-def]
+    q_ptr, k_ptr, v_ptr, table_ptr, base_ptr, lo_ptr, hi_ptr, out_ptr, table_width, scale,
+    HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    base = tl.load(base_ptr + b)
+    lo = tl.load(lo_ptr + b)
+    hi = tl.load(hi_ptr + b)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    n = tl.arange(0, BLOCK_N)
+    d_ok = d < D
+    q_rows = (b * HKV * G + h * G + g) * D  # the query heads of KV head h
+    q_mask = (g < G)[:, None] & d_ok[None, :]
+    q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=q_mask, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + n
+        ok = pos < hi
+        rel = pos - base  # >= 0: base is the first slot of the table's first block
+        block = tl.load(table_ptr + b * table_width + rel // BS, mask=ok, other=0)
+        rows = ((block * BS + rel % BS) * HKV + h) * D
+        kv_mask = ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale  # [BLOCK_G, BLOCK_N]
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))  # finite: every turn has a position in range
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m = m_new
+    out = acc / l_sum[:, None]
+    tl.store(out_ptr + q_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), q_mask)
+
+
+def _at_least_16(n: int) -> int:
+    return max(16, int(triton.next_power_of_2(n)))
+
+
+def paged_decode_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    bounds: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    b, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    assert q.dtype == k_cache.dtype == v_cache.dtype and hq % hkv == 0
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert block_table.dtype == bounds.dtype == torch.int64 and bounds.shape == (3, b)
+    q = q.contiguous()
+    table = block_table.contiguous()
+    bounds = bounds.contiguous()
+    out = torch.empty_like(q)
+    g = hq // hkv
+    # Triton's interpreter multiplies bf16 tiles wrongly (their raw bits): there they are
+    # upcast first, to products a GPU's bf16 dot accumulates in fp32 alike
+    upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+    # fp32 stays fp32 (no tf32): it is the dtype the exactness tests pin
+    precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"
+    _decode_kernel[(b, hkv)](
+        q, k_cache, v_cache, table, bounds[0], bounds[1], bounds[2], out, table.shape[1], scale,
+        HKV=hkv, G=g, D=d, BS=bs, BLOCK_G=_at_least_16(g), BLOCK_D=_at_least_16(d),
+        BLOCK_N=BLOCK_N, PREC=precision, UPCAST=upcast,
+    )  # fmt: skip
+    return out

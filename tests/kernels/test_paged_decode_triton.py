@@ -1,0 +1,92 @@
+"""CUDA's in-place decode attention (a Triton kernel) against float64 attention over the
+gathered blocks: on the GPU where there is one, else through Triton's interpreter on the CPU,
+which runs the same kernel program element by element."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernel is decorated
+pytest.importorskip("triton")
+
+from headrace.kernels import paged_decode  # noqa: E402
+from headrace.kernels import paged_decode_triton as paged_decode_triton_module  # noqa: E402
+from headrace.kernels.paged_decode import reference  # noqa: E402
+from headrace.kernels.paged_decode_triton import paged_decode_triton  # noqa: E402
+from kernels.test_paged_decode import SHAPE_IDS, SHAPES, make_case  # noqa: E402
+
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+def run(case: tuple[torch.Tensor, ...], scale: float) -> torch.Tensor:
+    q, kc, vc, table, bounds = (t.to(DEVICE) for t in case)
+    return paged_decode_triton(q, kc, vc, table, bounds, scale).cpu()
+
+
+@pytest.mark.parametrize(("hq", "hkv", "d"), SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"]
+)
+def test_kernel_matches_gathered_attention(hq: int, hkv: int, d: int, dtype: torch.dtype) -> None:
+    case, want = make_case(hq, hkv, d, dtype)
+    got = run(case, d**-0.5)
+    assert got.dtype == dtype and got.shape == case[0].shape
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("bs", [1, 5, 32, 64], ids=lambda b: f"bs{b}")
+def test_any_block_size(bs: int) -> None:
+    """Each position finds its slot through the table, so a block need not be a loop turn."""
+    case, want = make_case(4, 1, 64, torch.float32, bs)
+    torch.testing.assert_close(run(case, 0.125).double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_unwritten_slots_are_never_read() -> None:
+    """Slots outside [lo, hi) and padded table entries may hold anything, NaN included
+    (on CUDA the pool is allocated uninitialized): the output must not see them."""
+    (q, kc, vc, table, bounds), want = make_case(8, 2, 64, torch.float32)
+    for b in range(table.shape[0]):
+        base, lo, hi = (int(x) for x in bounds[:, b])
+        flat_k = kc.view(-1, *kc.shape[2:])
+        flat_v = vc.view(-1, *vc.shape[2:])
+        for pos in range(base, lo):
+            slot = int(table[b, (pos - base) // 16]) * 16 + (pos - base) % 16
+            flat_k[slot] = flat_v[slot] = float("nan")
+        last = (hi - 1 - base) // 16
+        for off in range((hi - base) % 16 or 16, 16):
+            flat_k[int(table[b, last]) * 16 + off] = float("nan")
+    used = {int(x) for x in table.flatten()}
+    spare = [i for i in range(kc.shape[0]) if i not in used]
+    kc[spare] = vc[spare] = float("nan")
+    got = run((q, kc, vc, table, bounds), 0.125)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_reference_is_the_float64_attention() -> None:
+    """`reference` is the oracle of the kernel's start-up probe on CUDA."""
+    (q, kc, vc, table, bounds), want = make_case(8, 2, 64, torch.float64)
+    got = reference(q, kc, vc, table, bounds, 0.125)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_start_up_probe_takes_a_right_kernel_and_refuses_a_wrong_one(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What decides, on a GPU, between the kernel and the gathered path."""
+    assert paged_decode._probe(DEVICE, dtype)
+    wrong = paged_decode_triton_module.paged_decode_triton
+
+    def off_by_a_little(*args: object) -> torch.Tensor:
+        return wrong(*args) * 1.1  # type: ignore[arg-type]
+
+    monkeypatch.setattr(paged_decode_triton_module, "paged_decode_triton", off_by_a_little)
+    assert not paged_decode._probe(DEVICE, dtype)
