@@ -35,6 +35,11 @@ class ModelConfig:
         "other requests, chunk sizes, prefix-cache hits or speculation (int8 matmuls off, one "
         "row-independent matmul, per-token attention; CPU bf16; docs/engine.md)",
     )
+    enforce_eager: bool = setting(
+        False,
+        "no CUDA graphs: every decode step runs the model's forward eagerly (on CUDA, decode "
+        "steps of up to 256 rows otherwise replay a graph per batch bucket; docs/performance.md)",
+    )
     max_model_len: int | None = setting(
         None, "cap on prompt + output tokens (default: the model's; at most what the KV pool holds)"
     )

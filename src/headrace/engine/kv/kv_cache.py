@@ -30,7 +30,8 @@ class KVCache:
     page pays the kernel's zeroing instead (1.3 s a GiB in all on the 2-core AMD EPYC host,
     spread over the first tokens through each block; once a pool is touched, nothing more).
     Elsewhere they are allocated uninitialized and a block is zeroed the first time a step
-    uses it.
+    uses it (the in-place decode kernels never read an unwritten slot, but a prefill chunk
+    over cached blocks still gathers them).
     """
 
     def __init__(
@@ -40,9 +41,13 @@ class KVCache:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        spare_block: bool = False,
     ) -> None:
-        shape = (num_blocks, block_size, args.num_kv_heads, args.head_dim)
+        """`spare_block`: one more block past `num_blocks`, which no sequence is given: the
+        padding rows of a decode graph write there (engine/runner/decode_graphs.py)."""
+        shape = (num_blocks + spare_block, block_size, args.num_kv_heads, args.head_dim)
         self.num_blocks = num_blocks
+        self.spare_block = num_blocks if spare_block else None
         self.block_size = block_size
         self.device = device
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [
@@ -50,8 +55,10 @@ class KVCache:
             for _ in range(args.num_layers)
         ]
         on_cpu = device.type == "cpu"
-        self._zeroed = bytearray(b"\x01" * num_blocks if on_cpu else num_blocks)
-        self.prepare([0])  # block 0 pads decode block tables
+        blocks = shape[0]
+        self._zeroed = bytearray(b"\x01" * blocks if on_cpu else blocks)
+        padding = [0] if self.spare_block is None else [0, self.spare_block]
+        self.prepare(padding)  # padded rows and tables read them
 
     def prepare(self, block_ids: Iterable[int]) -> None:
         """Zero the blocks among `block_ids` that no step has used yet."""

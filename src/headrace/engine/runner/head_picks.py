@@ -23,6 +23,7 @@ Rows: the step's sampled rows, one per request, then the draft rows, request aft
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,10 +32,16 @@ import torch
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest
 from headrace.engine.runner.sampler import Sampler
-from headrace.engine.runner.screened_sampler import ScreenedSampler
+from headrace.engine.runner.screened_sampler import VNNI_MAX_ROWS, ScreenedSampler
 from headrace.engine.runner.structured import GrammarEnds, GrammarMasks
 from headrace.kernels.argmax import argmax_rows
+from headrace.kernels.build import switched_on
 from headrace.kernels.int8_head import Int8GreedyHead
+from headrace.kernels.int8_head import supported as int8_head_supported
+from headrace.kernels.int8_screen import MIN_ROWS
+from headrace.models.base import CausalLM
+
+log = logging.getLogger(__name__)
 
 # Most sampled rows (own and drafts together) of a speculating step that the screened sampler
 # draws: a few-row step's full head costs about what one row's does, the screened rows each
@@ -186,3 +193,27 @@ def _draw_screened(
             flat[i] = t
             done.add(i)
     return [i for i in own if i not in done], [i for i in drafts if i not in done]
+
+
+def int8_greedy_head(model: CausalLM) -> Int8GreedyHead | None:
+    """An int8 copy of a tied bf16 head on the CPU. The final softcap (tanh) keeps the order of
+    the logits, so the argmax needs no cap."""
+    if model.lm_head is not None or not int8_head_supported(model.embed_weight):
+        return None
+    head = Int8GreedyHead(model.embed_weight)
+    kind = "AMX, two limbs" if head.one_limb is None else f"VNNI, one limb from {MIN_ROWS} rows"
+    log.info("int8 greedy head ready (%s): greedy steps of up to %d rows", kind, head.max_rows)
+    return head
+
+
+def screened_sampler(model: CausalLM, head: Int8GreedyHead | None) -> ScreenedSampler | None:
+    """Plain sampled rows from the int8 head (exact), unless `HEADRACE_SCREENED_SAMPLER=0`: the
+    envelope bounds the raw logits, so a model with a final softcap keeps the full head."""
+    if (
+        head is None
+        or model.args.final_logit_softcapping
+        or not switched_on("HEADRACE_SCREENED_SAMPLER")
+    ):
+        return None
+    max_rows = None if head.one_limb is None else VNNI_MAX_ROWS  # one_limb: no AMX
+    return ScreenedSampler(head, few_rows=model.few_row_head, max_rows=max_rows)

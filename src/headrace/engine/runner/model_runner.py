@@ -14,17 +14,19 @@ from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.kv.kv_budget import kv_budget_gib
 from headrace.engine.kv.kv_cache import KVCache, blocks_for_budget
 from headrace.engine.outputs import RunnerOutput, SchedulerOutput
+from headrace.engine.runner.decode_graphs import DecodeGraphs, decode_graphs
 from headrace.engine.runner.determinism import choose_matmuls
-from headrace.engine.runner.head_picks import pick_tokens, runner_output
+from headrace.engine.runner.head_picks import (
+    int8_greedy_head,
+    pick_tokens,
+    runner_output,
+    screened_sampler,
+)
 from headrace.engine.runner.precision import pick_device, pick_dtype
 from headrace.engine.runner.sampler import Sampler
-from headrace.engine.runner.screened_sampler import VNNI_MAX_ROWS, ScreenedSampler
 from headrace.engine.runner.step_inputs import StepInputs, build_step_inputs
 from headrace.engine.runner.structured import GrammarMasks
-from headrace.kernels.build import switched_on
 from headrace.kernels.int8_head import Int8GreedyHead
-from headrace.kernels.int8_head import supported as int8_head_supported
-from headrace.kernels.int8_screen import MIN_ROWS
 from headrace.kernels.paged_decode import supported as paged_decode_supported
 from headrace.loader.cache import resolve_model
 from headrace.loader.files import read_json
@@ -73,6 +75,7 @@ class ModelRunner:
             model_name=model_config.served_model_name or name,
             extra_eos=generation_eos_ids(model_dir),
             deterministic=model_config.deterministic,
+            graphs=False if model_config.enforce_eager else None,
         )
         self.loras.max_rank = model_config.max_lora_rank
         for lora_name, lora_path in model_config.lora_paths.items():
@@ -87,14 +90,16 @@ class ModelRunner:
         max_model_len: int | None = None,
         model_name: str = "model",
         deterministic: bool = False,
+        graphs: bool | None = None,
     ) -> ModelRunner:
         """A runner around an already loaded model (tests build several from one load);
         `model_dir` holds its tokenizer.json, which structured outputs read; `deterministic`:
-        the model's matmuls already made row-invariant (`choose_matmuls`)."""
+        the model's matmuls already made row-invariant (`choose_matmuls`); `graphs`: decode
+        steps through `DecodeGraphs` (None: on CUDA; True: also here, run eagerly)."""
         runner = cls.__new__(cls)
         cap = min(max_model_len or 1 << 40, model.args.max_position_embeddings)
         cache = cache_config or CacheConfig()
-        runner._setup(model, model_dir, cache, cap, model_name, (), deterministic)
+        runner._setup(model, model_dir, cache, cap, model_name, (), deterministic, graphs)
         return runner
 
     def _setup(
@@ -106,6 +111,7 @@ class ModelRunner:
         model_name: str,
         extra_eos: tuple[int, ...],
         deterministic: bool = False,
+        graphs: bool | None = None,
     ) -> None:
         self.model = model
         self.model_dir = model_dir  # its tokenizer.json: structured outputs read it
@@ -116,7 +122,7 @@ class ModelRunner:
         # Built while the KV pool is allocated (1.3-2 s for Gemma's head on 2 cores), and
         # waited for below: a runner is final when it is ready, its picks never switch paths.
         self._head_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="int8-head")
-        self._greedy_head = self._head_pool.submit(_int8_greedy_head, model)
+        self._greedy_head = self._head_pool.submit(int8_greedy_head, model)
         self._head_pool.shutdown(wait=False)
         self.block_size = cache_config.block_size
         self.num_kv_blocks = cache_config.num_kv_blocks or blocks_for_budget(
@@ -131,8 +137,9 @@ class ModelRunner:
         )
         if model_dir is not None:  # builds while the KV pool is allocated, the int8 head starts
             self.grammars.start()
+        graphs = self.device.type == "cuda" if graphs is None else graphs
         self.kv_cache = KVCache(
-            model.args, self.num_kv_blocks, self.block_size, self.dtype, self.device
+            model.args, self.num_kv_blocks, self.block_size, self.dtype, self.device, graphs
         )
         self.sampler = Sampler()
         self.loras = LoraManager(model)  # adapters, loaded by name (--lora, admin routes)
@@ -145,13 +152,17 @@ class ModelRunner:
         self.per_token_attention = deterministic and self.paged_kernel
         if deterministic and not self.paged_kernel:
             log.warning("--deterministic: no paged decode kernel here; attention is not per token")
+        # needs the in-place decode attention: the gathered path's shapes change every step
+        self.decode_graphs: DecodeGraphs | None = None
+        if self.paged_kernel:
+            self.decode_graphs = decode_graphs(self.model, self.kv_cache, self.max_model_len)
         if model_dir is not None:
             # Before ready: the build holds the GIL for seconds (docs/performance.md), which
             # in a background thread would stall every stream's steps instead.
             waited = self.grammars.wait_started()
             built = self.grammars.table_build_s or 0.0
             log.info("grammar token table built in %.2f s (start waited %.2f s)", built, waited)
-        self.screened_sampler = _screened_sampler(self.model, self.wait_greedy_head())
+        self.screened_sampler = screened_sampler(self.model, self.wait_greedy_head())
         log.info(
             "runner ready: %s on %s in %s, %d KV blocks of %d tokens (%.2f GiB), max_model_len %d",
             self.model_name,
@@ -168,9 +179,13 @@ class ModelRunner:
             return RunnerOutput(sampled={})
         inputs = self._step_inputs(out)
         with torch.inference_mode():
-            hidden = self.model(
-                inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta
-            )  # [T, H]
+            graphs = self.decode_graphs
+            if graphs is not None and graphs.takes(inputs):
+                hidden = graphs.run(inputs)
+            else:
+                hidden = self.model(
+                    inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta
+                )  # [T, H]
             if not inputs.sampled:
                 return RunnerOutput(sampled={})
             # The sampled rows, then the drafts' rows: one pass over the head for all of them.
@@ -273,27 +288,3 @@ def _tokenizer_json(model_dir: Path | None) -> str:
     if model_dir is None:
         raise ValueError("structured outputs need the model's tokenizer.json; this runner has none")
     return (model_dir / "tokenizer.json").read_text(encoding="utf-8")
-
-
-def _int8_greedy_head(model: CausalLM) -> Int8GreedyHead | None:
-    """An int8 copy of a tied bf16 head on the CPU. The final softcap (tanh) keeps the order of
-    the logits, so the argmax needs no cap."""
-    if model.lm_head is not None or not int8_head_supported(model.embed_weight):
-        return None
-    head = Int8GreedyHead(model.embed_weight)
-    kind = "AMX, two limbs" if head.one_limb is None else f"VNNI, one limb from {MIN_ROWS} rows"
-    log.info("int8 greedy head ready (%s): greedy steps of up to %d rows", kind, head.max_rows)
-    return head
-
-
-def _screened_sampler(model: CausalLM, head: Int8GreedyHead | None) -> ScreenedSampler | None:
-    """Plain sampled rows from the int8 head (exact), unless `HEADRACE_SCREENED_SAMPLER=0`: the
-    envelope bounds the raw logits, so a model with a final softcap keeps the full head."""
-    if (
-        head is None
-        or model.args.final_logit_softcapping
-        or not switched_on("HEADRACE_SCREENED_SAMPLER")
-    ):
-        return None
-    max_rows = None if head.one_limb is None else VNNI_MAX_ROWS  # one_limb: no AMX
-    return ScreenedSampler(head, few_rows=model.few_row_head, max_rows=max_rows)
