@@ -13,6 +13,10 @@ For each shape and batch size (1 ... 256 streams of ~`--context` tokens):
   * `profile`, at the smallest and the largest batch (torch.profiler): `busy`, summed device
     kernel time over the step's wall time (how much of a step the host leaves the device
     idle), kernel launches a step, and the five kernels that take the most device time.
+The default path on CUDA is in-place decode attention (a Triton kernel) with decode steps
+replayed as CUDA graphs; the same shapes run again at a few batches without graphs (keys
+`*_eager`) and with attention over gathered copies of the blocks and no graphs (`*_gathered`,
+`HEADRACE_TRITON_DECODE=0`): the eager path before both, measured in the same run.
 Then the engine as served (continuous batching, scheduler and all, no HTTP) on the small shape:
 output tokens/s and TPOT with 1 / 16 / 64 / 256 requests of 64 tokens at once, and the join
 probe: a short request added beside 64 running streams, its wait to a first token against its
@@ -23,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +60,27 @@ def main() -> None:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     device = torch.device(args.device)
-    plans = [("gemma3-270m", [1, 2, 4, 8, 16, 32, 64, 128, 256]), ("llama3-8b", [1, 8, 64])]
+    # (shape, batches, mode): "graphs" is the default path on CUDA (in-place decode attention,
+    # CUDA graphs); "eager" the same without graphs; "gathered" the eager path before both
+    plans = [
+        ("gemma3-270m", [1, 2, 4, 8, 16, 32, 64, 128, 256], "graphs"),
+        ("gemma3-270m", [1, 64, 256], "eager"),
+        ("gemma3-270m", [1, 64, 256], "gathered"),
+        ("llama3-8b", [1, 8, 64], "graphs"),
+        ("llama3-8b", [1, 64], "gathered"),
+    ]
     if args.quick:
-        plans = [("gemma3-270m", [1, 4]), ("llama3-8b", [1, 2])]
-        args.context, args.steps = 48, 2
+        plans = [("gemma3-270m", [1, 4], "graphs"), ("gemma3-270m", [4], "gathered")]
+        plans.append(("llama3-8b", [1, 2], "graphs"))
     report: dict[str, Any] = {"device": _device_name(device), "torch": torch.__version__}
     report["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     streams = [1, 4] if args.quick else [1, 16, 64, 256]
     parts = [
-        (name, lambda n=name, b=batches: _shape(n, b, device, args)) for name, batches in plans
+        (
+            name + ("" if mode == "graphs" else f"_{mode}"),
+            partial(_shape, name, b, device, args, mode),
+        )
+        for name, b, mode in plans
     ]
     parts.append(
         ("engine_gemma3-270m", lambda: engine_rates("gemma3-270m", device, streams, args.quick))
@@ -83,11 +101,26 @@ def _write(report: dict[str, Any], out: str) -> None:
         Path(out).write_text(json.dumps(report, indent=1))
 
 
-def _shape(name: str, batches: list[int], device: torch.device, args: Any) -> dict[str, Any]:
+def _shape(
+    name: str, batches: list[int], device: torch.device, args: Any, mode: str
+) -> dict[str, Any]:
+    """`mode`: "graphs" (the runner's default: on CUDA in-place decode attention through the
+    Triton kernel and CUDA graphs), "eager" (no graphs) or "gathered" (decode attention over
+    gathered copies of the blocks, no graphs: the eager baseline)."""
     tokens = max(batches) * (args.context + args.steps + 2)
-    runner = random_runner(name, device, tokens, quick=args.quick)
+    os.environ["HEADRACE_TRITON_DECODE"] = "0" if mode == "gathered" else "1"
+    try:  # read once, when the runner picks its attention path
+        graphs = None if mode == "graphs" else False
+        runner = random_runner(name, device, tokens, quick=args.quick, graphs=graphs)
+    finally:
+        del os.environ["HEADRACE_TRITON_DECODE"]
     wbytes = weight_bytes(runner.model)
-    out: dict[str, Any] = {"weight_bytes": wbytes, "levels": {}}
+    out: dict[str, Any] = {
+        "weight_bytes": wbytes,
+        "decode_attention": "in place" if runner.paged_kernel else "gathered",
+        "graphs": bool(runner.decode_graphs and runner.decode_graphs.captured),
+        "levels": {},
+    }
     for b in batches:
         harness, ms = _decode_ms(runner, b, args.context, args.steps, device)
         kv = sum(kv_bytes_per_token(runner.model.args, args.context) for _ in range(b))

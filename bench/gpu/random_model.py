@@ -20,8 +20,11 @@ SHAPES = Path(__file__).resolve().parent / "shapes"
 QUICK = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "head_dim": 16}
 
 
-def random_runner(name: str, device: torch.device, kv_tokens: int, quick: bool) -> ModelRunner:
-    """A runner for shape `name` with room for `kv_tokens` tokens of KV (+ a margin)."""
+def random_runner(
+    name: str, device: torch.device, kv_tokens: int, quick: bool, graphs: bool | None = None
+) -> ModelRunner:
+    """A runner for shape `name` with room for `kv_tokens` tokens of KV (+ a margin);
+    `graphs` as `ModelRunner.from_parts` takes it (None: CUDA graphs on CUDA)."""
     path = SHAPES / f"{name}.json"
     cfg = json.loads(path.read_text())
     if quick:  # the same architecture, tiny: checks the script on the CPU
@@ -33,7 +36,9 @@ def random_runner(name: str, device: torch.device, kv_tokens: int, quick: bool) 
     block = 16
     blocks = kv_tokens // block + 2 * (kv_tokens // 1024 + 64)
     cache = CacheConfig(block_size=block, num_kv_blocks=blocks, enable_prefix_caching=False)
-    return ModelRunner.from_parts(model, None, cache, max_model_len=max_len, model_name=name)
+    return ModelRunner.from_parts(
+        model, None, cache, max_model_len=max_len, model_name=name, graphs=graphs
+    )
 
 
 def random_model(

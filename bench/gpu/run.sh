@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .whl carried (bench/gpu/fetch_wheels.sh):
-# installs the carried wheels, runs the CUDA test legs, then bench/gpu/device_bench.py.
-# Everything it measures lands in $OUT (h200.json, tests.log, bench.log). Budget: <= 8 min.
+# installs the carried wheels, tests the Triton decode kernel, runs bench/gpu/device_bench.py,
+# then the CUDA test legs. What it measures lands in $OUT (h200.json, kernel.log, tests.log,
+# bench.log). Budget: <= 8 min.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/bench.log"
@@ -11,12 +12,15 @@ pip install -q --no-index --find-links .whl -r .whl/pins.txt ${NUMPY:+numpy} >>"
 export PYTHONPATH="$PWD/src:$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}"
 python -c 'import torch, headrace; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' \
   | tee -a "$OUT/bench.log"
-timeout 330 python bench/gpu/device_bench.py --out "$OUT/h200.json" >>"$OUT/bench.log" 2>&1 \
+# the Triton decode kernel against float64 first: the paths below take it where it is right
+timeout 60 python -m pytest -q -x tests/kernels/test_paged_decode_triton.py >"$OUT/kernel.log" 2>&1
+echo "kernel tests rc=$?" >>"$OUT/kernel.log"
+timeout 270 python bench/gpu/device_bench.py --out "$OUT/h200.json" >>"$OUT/bench.log" 2>&1 \
   || echo "device_bench failed or ran out of time (see bench.log)"
 if python -c 'import transformers' 2>/dev/null; then  # the test models are built with it
-  timeout 120 python -m pytest -q -x -k cuda tests/engine/runner/test_model_runner.py \
-    tests/api/test_serve_cuda.py >"$OUT/tests.log" 2>&1; echo "tests rc=$?" >>"$OUT/tests.log"
+  timeout 100 python -m pytest -q -x -k cuda tests/engine/runner/test_model_runner.py \
+    tests/engine/runner/test_decode_graphs.py tests/api/test_serve_cuda.py >"$OUT/tests.log" 2>&1; echo "tests rc=$?" >>"$OUT/tests.log"
 else
   echo "no transformers on this machine: the CUDA test legs did not run" >"$OUT/tests.log"
 fi
-tail -5 "$OUT/tests.log"; tail -30 "$OUT/bench.log"
+tail -3 "$OUT/kernel.log"; tail -5 "$OUT/tests.log"; tail -30 "$OUT/bench.log"
