@@ -41,9 +41,9 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
-    base = tl.load(base_ptr + b)
-    lo = tl.load(lo_ptr + b)
-    hi = tl.load(hi_ptr + b)
+    base = tl.load(base_ptr + b).to(tl.int32)  # positions: int32 loop bounds, as Triton likes
+    lo = tl.load(lo_ptr + b).to(tl.int32)
+    hi = tl.load(hi_ptr + b).to(tl.int32)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
