@@ -31,7 +31,7 @@ from headrace.engine.runner.step_inputs import StepInputs
 from headrace.layers.attention import AttentionMetadata, KVView, Window
 from headrace.models.base import CausalLM, KVCaches
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("headrace.engine.runner.model_runner")  # the runner's load-time lines
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
 

@@ -41,7 +41,7 @@ from headrace.kernels.int8_head import supported as int8_head_supported
 from headrace.kernels.int8_screen import MIN_ROWS
 from headrace.models.base import CausalLM
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("headrace.engine.runner.model_runner")  # the runner's load-time lines
 
 # Most sampled rows (own and drafts together) of a speculating step that the screened sampler
 # draws: a few-row step's full head costs about what one row's does, the screened rows each
