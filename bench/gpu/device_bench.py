@@ -72,6 +72,7 @@ def main() -> None:
     if args.quick:
         plans = [("gemma3-270m", [1, 4], "graphs"), ("gemma3-270m", [4], "gathered")]
         plans.append(("llama3-8b", [1, 2], "graphs"))
+        args.context, args.steps = 48, 2
     report: dict[str, Any] = {"device": _device_name(device), "torch": torch.__version__}
     report["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     streams = [1, 4] if args.quick else [1, 16, 64, 256]
