@@ -103,19 +103,18 @@ def paged_decode(
     bounds: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
+    b, hq, d = q.shape
+    _, bs, hkv, _ = k_cache.shape
+    assert q.dtype == k_cache.dtype == v_cache.dtype and hq % hkv == 0
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert block_table.dtype == bounds.dtype == torch.int64 and bounds.shape == (3, b)
+    q, table, bounds = q.contiguous(), block_table.contiguous(), bounds.contiguous()
     if q.device.type != "cpu":
         from headrace.kernels.paged_decode_triton import paged_decode_triton
 
-        return paged_decode_triton(q, k_cache, v_cache, block_table, bounds, scale)
+        return paged_decode_triton(q, k_cache, v_cache, table, bounds, scale)
     lib = cpu_kernels()
-    assert lib is not None and q.dtype == k_cache.dtype == v_cache.dtype
-    b, hq, d = q.shape
-    _, bs, hkv, _ = k_cache.shape
-    q = q.contiguous()
-    table = block_table.contiguous()
-    bounds = bounds.contiguous()
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and hq % hkv == 0
-    assert table.dtype == bounds.dtype == torch.int64 and bounds.shape == (3, b)
+    assert lib is not None
     out = torch.empty_like(q)
     failed = getattr(lib, _NAMES[q.dtype])(
         q.data_ptr(),

@@ -93,14 +93,9 @@ def paged_decode_triton(
     bounds: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
+    """Inputs as `paged_decode` checks them: contiguous, int64 table and bounds [3, B]."""
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
-    assert q.dtype == k_cache.dtype == v_cache.dtype and hq % hkv == 0
-    assert k_cache.is_contiguous() and v_cache.is_contiguous()
-    assert block_table.dtype == bounds.dtype == torch.int64 and bounds.shape == (3, b)
-    q = q.contiguous()
-    table = block_table.contiguous()
-    bounds = bounds.contiguous()
     out = torch.empty_like(q)
     g = hq // hkv
     # Triton's interpreter multiplies bf16 tiles wrongly (their raw bits): there they are
@@ -109,7 +104,8 @@ def paged_decode_triton(
     # fp32 stays fp32 (no tf32): it is the dtype the exactness tests pin
     precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"
     _decode_kernel[(b, hkv)](
-        q, k_cache, v_cache, table, bounds[0], bounds[1], bounds[2], out, table.shape[1], scale,
+        q, k_cache, v_cache, block_table, bounds[0], bounds[1], bounds[2], out,
+        block_table.shape[1], scale,
         HKV=hkv, G=g, D=d, BS=bs, BLOCK_G=_at_least_16(g), BLOCK_D=_at_least_16(d),
         BLOCK_N=BLOCK_N, PREC=precision, UPCAST=upcast,
     )  # fmt: skip
