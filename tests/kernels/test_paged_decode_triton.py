@@ -49,19 +49,23 @@ def test_any_block_size(bs: int) -> None:
 
 
 def test_unwritten_slots_are_never_read() -> None:
-    """Slots outside [lo, hi) and padded table entries may hold anything, NaN included
-    (on CUDA the pool is allocated uninitialized): the output must not see them."""
+    """Slots outside [lo, hi), blocks of no sequence and the blocks padded table entries name
+    may hold anything, NaN included (on CUDA the pool is allocated uninitialized): the output
+    must not see them."""
     (q, kc, vc, table, bounds), want = make_case(8, 2, 64, torch.float32)
+    kc = torch.cat([kc, torch.full_like(kc[:1], float("nan"))])  # one more block, all NaN
+    vc = torch.cat([vc, torch.full_like(vc[:1], float("nan"))])
+    nan_block = kc.shape[0] - 1
+    flat_k, flat_v = kc.view(-1, *kc.shape[2:]), vc.view(-1, *vc.shape[2:])
     for b in range(table.shape[0]):
         base, lo, hi = (int(x) for x in bounds[:, b])
-        flat_k = kc.view(-1, *kc.shape[2:])
-        flat_v = vc.view(-1, *vc.shape[2:])
-        for pos in range(base, lo):
-            slot = int(table[b, (pos - base) // 16]) * 16 + (pos - base) % 16
+        blocks = -(-(hi - base) // 16)
+        table[b, blocks:] = nan_block  # padding names the NaN block
+        tail = range(lo - base) if lo > base else range(0)
+        tail = [*tail, *range(hi - base, blocks * 16)]  # before lo, and after hi in its block
+        for rel in tail:
+            slot = int(table[b, rel // 16]) * 16 + rel % 16
             flat_k[slot] = flat_v[slot] = float("nan")
-        last = (hi - 1 - base) // 16
-        for off in range((hi - base) % 16 or 16, 16):
-            flat_k[int(table[b, last]) * 16 + off] = float("nan")
     used = {int(x) for x in table.flatten()}
     spare = [i for i in range(kc.shape[0]) if i not in used]
     kc[spare] = vc[spare] = float("nan")
@@ -78,15 +82,19 @@ def test_reference_is_the_float64_attention() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "shape", [paged_decode.PROBE_SHAPE, (4, 1, 256, 16), (4, 2, 24, 1)], ids=str
+)
 def test_the_start_up_probe_takes_a_right_kernel_and_refuses_a_wrong_one(
-    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype, shape: tuple[int, int, int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What decides, on a GPU, between the kernel and the gathered path."""
-    assert paged_decode._probe(DEVICE, dtype)
+    """What decides, on a GPU, between the kernel and the gathered path, for the served
+    model's heads and block size."""
+    assert paged_decode._probe(DEVICE, dtype, shape)
     wrong = paged_decode_triton_module.paged_decode_triton
 
     def off_by_a_little(*args: object) -> torch.Tensor:
         return wrong(*args) * 1.1  # type: ignore[arg-type]
 
     monkeypatch.setattr(paged_decode_triton_module, "paged_decode_triton", off_by_a_little)
-    assert not paged_decode._probe(DEVICE, dtype)
+    assert not paged_decode._probe(DEVICE, dtype, shape)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -29,46 +30,63 @@ from headrace.kernels.build import cpu_kernels
 log = logging.getLogger(__name__)
 _NAMES = {torch.bfloat16: "paged_decode_bf16", torch.float32: "paged_decode_f32"}
 _GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_probed: dict[tuple[str, torch.dtype], bool] = {}
+_probed: dict[tuple[str, torch.dtype, tuple[int, int, int, int]], bool] = {}
 
 
-def supported(device: torch.device, dtype: torch.dtype) -> bool:
+# (query heads, KV heads, head dim, block size): the probe's shape where the caller gives none
+PROBE_SHAPE = (8, 2, 64, 16)
+
+
+def supported(
+    device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int, int] = PROBE_SHAPE
+) -> bool:
+    """Whether decode attention reads the cache in place here; on CUDA, probed once per
+    device, dtype and `shape` (Triton compiles the kernel for each)."""
     if device.type == "cpu":
         return dtype in _NAMES and cpu_kernels() is not None
     if device.type != "cuda" or dtype not in _GPU_DTYPES:
         return False
     if os.environ.get("HEADRACE_TRITON_DECODE", "1") == "0":
         return False
-    key = (str(device), dtype)
+    key = (str(device), dtype, shape)
     if key not in _probed:
-        _probed[key] = _probe(device, dtype)
+        _probed[key] = _probe(device, dtype, shape)
     return _probed[key]
 
 
-def _probe(device: torch.device, dtype: torch.dtype) -> bool:
-    """The Triton kernel on one small batch against `reference` (float64)."""
+def _probe(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int, int]) -> bool:
+    """The Triton kernel on two sequences of `shape` (three blocks each, one partial, one
+    starting mid-table) against `reference` (float64)."""
     try:
         from headrace.kernels.paged_decode_triton import paged_decode_triton
     except ImportError as e:
         log.info("no Triton (%s): decode attention gathers the cache on %s", e, device)
         return False
+    hq, hkv, d, bs = shape
     gen = torch.Generator().manual_seed(0)
-    kc = torch.randn(6, 16, 2, 64, generator=gen)
-    vc = torch.randn(6, 16, 2, 64, generator=gen)
-    q = torch.randn(2, 8, 64, generator=gen)
+    kc = torch.randn(6, bs, hkv, d, generator=gen)
+    vc = torch.randn(6, bs, hkv, d, generator=gen)
+    q = torch.randn(2, hq, d, generator=gen)
     table = torch.tensor([[4, 1, 0], [2, 5, 3]])
-    bounds = torch.tensor([[0, 16], [0, 20], [40, 61]])
-    want = reference(q.double(), kc.double(), vc.double(), table, bounds, 0.125)
+    bounds = torch.tensor([[0, bs], [0, bs + 1], [2 * bs + 1, 4 * bs - 1]])
+    scale = d**-0.5
+    want = reference(q.double(), kc.double(), vc.double(), table, bounds, scale)
     try:
-        qd, kd, vd = (t.to(device, dtype) for t in (q, kc, vc))
-        got = paged_decode_triton(qd, kd, vd, table.to(device), bounds.to(device), 0.125)
-        ok = torch.allclose(got.double().cpu(), want, atol=3e-2, rtol=3e-2)
+        with _on(device):
+            qd, kd, vd = (t.to(device, dtype) for t in (q, kc, vc))
+            got = paged_decode_triton(qd, kd, vd, table.to(device), bounds.to(device), scale)
+            ok = torch.allclose(got.double().cpu(), want, atol=3e-2, rtol=3e-2)
     except Exception as e:  # a compiler or launch failure: the gathered path still serves
         log.warning("Triton decode attention failed on %s (%s): gathering the cache", device, e)
         return False
     if not ok:
         log.warning("Triton decode attention differs on %s %s: gathering the cache", device, dtype)
     return ok
+
+
+def _on(device: torch.device) -> AbstractContextManager[object]:
+    """Triton launches on the current CUDA device: make it `device` (cuda:1 as well as 0)."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 def reference(
@@ -112,7 +130,8 @@ def paged_decode(
     if q.device.type != "cpu":
         from headrace.kernels.paged_decode_triton import paged_decode_triton
 
-        return paged_decode_triton(q, k_cache, v_cache, table, bounds, scale)
+        with _on(q.device):
+            return paged_decode_triton(q, k_cache, v_cache, table, bounds, scale)
     lib = cpu_kernels()
     assert lib is not None
     out = torch.empty_like(q)

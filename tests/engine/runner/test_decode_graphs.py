@@ -9,7 +9,7 @@ from factories import VOCAB, make_tiny
 
 from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.runner import decode_graphs
-from headrace.engine.runner.decode_graphs import BUCKETS, DecodeGraphs
+from headrace.engine.runner.decode_graphs import DecodeGraphs
 from headrace.engine.runner.model_runner import ModelRunner
 from headrace.engine.runner.runner_harness import RunnerHarness, greedy
 from headrace.engine.runner.step_inputs import StepInputs, build_step_inputs
@@ -89,6 +89,11 @@ def test_padding_rows_write_only_the_spare_block(
     before = [(k.clone(), v.clone()) for k, v in buffered.kv_cache.layers]
     three = ["0", "1", "2"]
     harness.step(only=three)
+    graphs = buffered.decode_graphs
+    assert graphs is not None  # the fourth row, a decode a step ago, now pads:
+    assert graphs.ids[3] == graphs.positions[3] == 0 and graphs.slots[3] == graphs.spare_slot
+    for w, bounds in graphs.bounds.items():
+        assert bounds[:, 3].tolist() == [0, 0, 1] and graphs.tables[w][3, 0] == graphs.spare_block
     bs = buffered.block_size
     slots = set()
     for rid in three:
@@ -104,7 +109,8 @@ def test_padding_rows_write_only_the_spare_block(
 
 
 def test_steps_it_does_not_take(runners: tuple[ModelRunner, ModelRunner]) -> None:
-    """A prefill chunk in the step, or more rows than the largest bucket: eager."""
+    """A prefill chunk in the step, or decodes attending over masks (the gathered path):
+    eager."""
     _, buffered = runners
     harness = RunnerHarness(buffered)
     harness.add("a", [5, 6, 7], 2)
@@ -122,7 +128,6 @@ def test_steps_it_does_not_take(runners: tuple[ModelRunner, ModelRunner]) -> Non
     assert DecodeGraphs.takes(only_decode)
     masked = build_step_inputs(mixed[1:], buffered.block_size, windows, buffered.device)
     assert not DecodeGraphs.takes(masked)  # the gathered path: its shapes change per step
-    assert BUCKETS[-1] == 256
 
 
 def test_table_width_covers_a_window_that_starts_mid_block() -> None:

@@ -157,6 +157,7 @@ def decode_graphs(model: CausalLM, kv_cache: KVCache, max_model_len: int) -> Dec
         graphs.capture()
     except Exception as e:  # a forward that cannot be captured still serves eagerly
         log.warning("CUDA graph capture failed (%s): decode steps run eagerly", e)
+        torch.cuda.synchronize()  # unless the device is broken: then this raises, and start fails
         return None
     log.info(
         "decode steps of 1-%d rows replay CUDA graphs (%d buckets, captured in %.1f s)",

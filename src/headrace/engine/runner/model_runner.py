@@ -118,6 +118,8 @@ class ModelRunner:
         self.model_name = model_name
         weight = model.embed_weight
         self.device, self.dtype = weight.device, weight.dtype
+        if self.device.type == "cuda":  # Triton launches and graphs go to the current device
+            torch.cuda.set_device(self.device)
         self.vocab_size = model.args.vocab_size
         # Built while the KV pool is allocated (1.3-2 s for Gemma's head on 2 cores), and
         # waited for below: a runner is final when it is ready, its picks never switch paths.
@@ -148,7 +150,9 @@ class ModelRunner:
     def _finish_setup(self, model_dir: Path | None, deterministic: bool) -> None:
         """Attention path and fault injection; then the wait for the background builds."""
         self.poison_token = _poison_token_from_env()
-        self.paged_kernel = paged_decode_supported(self.device, self.dtype)
+        args = self.model.args
+        shape = (args.num_heads, args.num_kv_heads, args.head_dim, self.block_size)
+        self.paged_kernel = paged_decode_supported(self.device, self.dtype, shape)
         self.per_token_attention = deterministic and self.paged_kernel
         if deterministic and not self.paged_kernel:
             log.warning("--deterministic: no paged decode kernel here; attention is not per token")
