@@ -12,8 +12,9 @@ attends to positions [lo[b], hi[b]). Output [B, Hq, D] in q's dtype. Benchmark: 
 (CPU), bench/gpu/device_bench.py (CUDA).
 
 On CUDA the Triton kernel is taken where Triton imports and a small probe matches a float64
-reference on the device (checked once per device and dtype: a GPU or Triton build that
-compiles it wrong falls back to the gathered path with a warning, never to wrong numbers).
+reference on the device (checked once per device, dtype and model shape: a GPU or Triton build
+that compiles it wrong falls back to the gathered path with a warning, never to wrong numbers).
+Its launches go to the current CUDA device, which the runner sets to its own at start.
 `HEADRACE_TRITON_DECODE=0` keeps the gathered path (the baseline the GPU bench compares).
 """
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -72,21 +72,15 @@ def _probe(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int,
     scale = d**-0.5
     want = reference(q.double(), kc.double(), vc.double(), table, bounds, scale)
     try:
-        with _on(device):
-            qd, kd, vd = (t.to(device, dtype) for t in (q, kc, vc))
-            got = paged_decode_triton(qd, kd, vd, table.to(device), bounds.to(device), scale)
-            ok = torch.allclose(got.double().cpu(), want, atol=3e-2, rtol=3e-2)
+        qd, kd, vd = (t.to(device, dtype) for t in (q, kc, vc))
+        got = paged_decode_triton(qd, kd, vd, table.to(device), bounds.to(device), scale)
+        ok = torch.allclose(got.double().cpu(), want, atol=3e-2, rtol=3e-2)
     except Exception as e:  # a compiler or launch failure: the gathered path still serves
         log.warning("Triton decode attention failed on %s (%s): gathering the cache", device, e)
         return False
     if not ok:
         log.warning("Triton decode attention differs on %s %s: gathering the cache", device, dtype)
     return ok
-
-
-def _on(device: torch.device) -> AbstractContextManager[object]:
-    """Triton launches on the current CUDA device: make it `device` (cuda:1 as well as 0)."""
-    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 def reference(
@@ -130,8 +124,7 @@ def paged_decode(
     if q.device.type != "cpu":
         from headrace.kernels.paged_decode_triton import paged_decode_triton
 
-        with _on(q.device):
-            return paged_decode_triton(q, k_cache, v_cache, table, bounds, scale)
+        return paged_decode_triton(q, k_cache, v_cache, table, bounds, scale)
     lib = cpu_kernels()
     assert lib is not None
     out = torch.empty_like(q)

@@ -22,32 +22,27 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 
 import torch
 
 from headrace.engine.kv.kv_cache import KVCache
 from headrace.engine.runner.step_inputs import StepInputs
 from headrace.layers.attention import AttentionMetadata, KVView, Window
-from headrace.models.base import CausalLM, KVCaches
+from headrace.models.base import CausalLM
 
 log = logging.getLogger("headrace.engine.runner.model_runner")  # the runner's load-time lines
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
 
 class DecodeGraphs:
-    def __init__(
-        self,
-        model: CausalLM,
-        kv_caches: KVCaches,
-        windows: Sequence[Window],
-        max_model_len: int,
-        block_size: int,
-        spare_block: int,
-    ) -> None:
-        self.model, self.kv_caches = model, kv_caches
+    def __init__(self, model: CausalLM, kv_cache: KVCache, max_model_len: int) -> None:
+        """`kv_cache` with a spare block (KVCache(spare_block=True))."""
+        assert kv_cache.spare_block is not None
+        self.model, self.kv_caches = model, kv_cache.layers
+        block_size, spare_block = kv_cache.block_size, kv_cache.spare_block
         self.spare_block, self.spare_slot = spare_block, spare_block * block_size
-        device = model.embed_weight.device
+        windows = model.args.windows
+        device = kv_cache.device
         n = BUCKETS[-1]
 
         def filled(shape: tuple[int, ...], value: int) -> torch.Tensor:
@@ -146,10 +141,7 @@ def decode_graphs(model: CausalLM, kv_cache: KVCache, max_model_len: int) -> Dec
     warning, if capture fails: decode steps then run eagerly), plain buffers elsewhere."""
     if kv_cache.spare_block is None:
         return None
-    windows = model.args.windows
-    graphs = DecodeGraphs(
-        model, kv_cache.layers, windows, max_model_len, kv_cache.block_size, kv_cache.spare_block
-    )
+    graphs = DecodeGraphs(model, kv_cache, max_model_len)
     if kv_cache.device.type != "cuda":
         return graphs
     start = time.perf_counter()
