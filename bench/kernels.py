@@ -16,8 +16,9 @@
   weights, the quantization and row scaling included) vs packed bf16 oneDNN, on Gemma 3's four
   layer shapes (qkv 640 -> 1,536, o 1,024 -> 640, gate_up 640 -> 4,096, down 2,048 -> 640)
   at 1-2,048 rows; the ratio is bf16 time / int8 time;
-* int8 against bf16_linear's kernel where the two meet (`int8-small`, 8-32 rows): the step size
-  from which each quantized projection takes its int8 copy (models/base.py INT8_PROJECTIONS);
+* decode-sized int8 (`int8-small`, 1-64 rows): int8_small.c against bf16_linear's kernel and
+  oneDNN's int8 matmul, on the four layer shapes, 18 weights in turn: where each quantized
+  projection (models/base.py INT8_PROJECTIONS) takes its int8 copy, and which int8 kernel;
 * bf16 layer matmuls of decode-sized steps (kernels/bf16_linear.py) vs packed bf16 oneDNN, on
   the four layer shapes at 1-96 rows, each through 18 weights in turn (a step's layers: the
   weights come from memory, as in a real step, not from cache); ms per layer, the ratio is
@@ -120,26 +121,41 @@ def causal_case(n: int, repeats: int) -> dict[str, float]:
 
 
 def int8_small_cases(repeats: int) -> dict[str, dict[str, float]]:
-    """Where the int8 copy overtakes bf16_linear's decode kernel (what steps of 1-64 rows take),
-    each through LAYERS weights in turn as a step's layers are (from memory, not cache)."""
+    """Decode-sized steps: bf16_linear's kernel, int8_small.c's and oneDNN's int8 matmul, each
+    through LAYERS weights in turn as a step's layers are (from memory, not cache); ms per layer,
+    `ratio` = bf16 / int8_small, `onednn_ratio` = oneDNN int8 / int8_small."""
     out: dict[str, dict[str, float]] = {}
     for name, (n_out, n_in) in LAYER_SHAPES.items():
         weights = [(torch.randn(n_out, n_in) * 0.05).bfloat16() for _ in range(LAYERS)]
         int8s = [Int8Linear.build(w) for w in weights]
-        if int8s[0] is None or not bf16_linear.supported(weights[0]):
+        if int8s[0] is None or int8s[0].small is None or not bf16_linear.supported(weights[0]):
             return {"unavailable": {}}
         smalls = [bf16_linear.pack(w) for w in weights]
-        for r in (8, 12, 16, 24, 32):
+        for r in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64):
             x = torch.randn(r, n_in).bfloat16()
             bf16_ms = best_ms(
                 lambda x=x, ps=smalls: [bf16_linear.linear(x, p, None) for p in ps], repeats
             )
-            int8_ms = best_ms(
-                lambda x=x, r=r, qs=int8s: [q(x, None, padded_rows(r)) for q in qs if q], repeats
-            )
-            out[f"{name}_rows{r}"] = {"bf16_ms": bf16_ms / LAYERS, "int8_ms": int8_ms / LAYERS,
-                                      "ratio": bf16_ms / int8_ms}  # fmt: skip
+            int8_ms = best_ms(lambda x=x, qs=int8s: [q._small(x, None) for q in qs if q], repeats)
+            onednn_ms = best_ms(lambda x=x, r=r, qs=int8s: [onednn(q, x, r) for q in qs], repeats)
+            out[f"{name}_rows{r}"] = {
+                "bf16_ms": bf16_ms / LAYERS,
+                "int8_small_ms": int8_ms / LAYERS,
+                "onednn_int8_ms": onednn_ms / LAYERS,
+                "ratio": bf16_ms / int8_ms,
+                "onednn_ratio": onednn_ms / int8_ms,
+            }
     return out
+
+
+def onednn(q: Int8Linear | None, x: torch.Tensor, rows: int) -> object:
+    """oneDNN's int8 matmul on any row count (the layer hands it only steps past int8_small's)."""
+    assert q is not None
+    small, q.small = q.small, None
+    try:
+        return q(x, None, padded_rows(rows))
+    finally:
+        q.small = small
 
 
 def int8_cases(repeats: int) -> dict[str, dict[str, float]]:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from headrace.kernels import int8_linear
 from headrace.kernels.build import cpu_kernels
 from headrace.kernels.int8_linear import Int8Linear, int8_dot_cpu, quantize_rows, quantize_weight
-from headrace.layers.linear import INT8_MIN_ROWS, MergedLinear, bucket_rows, packed_linear
+from headrace.layers.linear import MergedLinear, bucket_rows, packed_linear
 
 pytestmark = pytest.mark.skipif(
     cpu_kernels() is None or not int8_dot_cpu(), reason="no C compiler or no int8 dot products"
@@ -112,15 +112,16 @@ def test_linear_layer_dispatches_by_row_count() -> None:
     with torch.no_grad():
         layer.weight.copy_(randn(96, 128, seed=10, scale=0.05))
     layer.pack()
-    assert layer.quantize()
-    small = randn(INT8_MIN_ROWS - 1, 128, seed=11)
+    assert layer.quantize() and layer.int8 is not None
+    threshold = layer.int8.min_rows  # 96 channels: oneDNN's int8 only, from 32 rows
+    small = randn(threshold - 1, 128, seed=11)
     want = packed_linear(small, layer.packed, None) if layer.packed is not None else None
     got_small = layer(small)
     assert want is None or torch.equal(got_small, want)  # below the threshold: bf16 as before
-    big = randn(INT8_MIN_ROWS + 3, 128, seed=12)
+    big = randn(threshold + 3, 128, seed=12)
     lin = layer.int8
     assert lin is not None
-    assert torch.equal(layer(big), lin(big, None, bucket_rows(INT8_MIN_ROWS + 3)))
+    assert torch.equal(layer(big), lin(big, None, bucket_rows(threshold + 3)))
     ref = F.linear(big.float(), layer.weight.float())
     torch.testing.assert_close(layer(big).float(), ref, rtol=0.05, atol=0.05)
 

@@ -47,7 +47,7 @@ def test_a_step_with_adapter_rows_keeps_bf16_unless_int8_is_asked_for() -> None:
     linear.pack()
     if not linear.quantize():
         pytest.skip("no int8 matmuls here (bf16 on a CPU with VNNI/AMX)")
-    x = torch.randn(40, 640).to(torch.bfloat16)  # past INT8_MIN_ROWS
+    x = torch.randn(40, 640).to(torch.bfloat16)  # past the int8 threshold
     int8_out = linear(x)
     int8, linear.int8 = linear.int8, None
     bf16_out = linear(x)  # as with --int8-matmuls off

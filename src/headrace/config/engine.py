@@ -19,7 +19,7 @@ class ModelConfig:
     device: str = setting("auto", "cpu | cuda | auto")
     int8_matmuls: str = setting(
         "auto",
-        "int8 layer matmuls (dynamic per-row activations) in steps of 32+ tokens: on | off | "
+        "int8 layer matmuls (dynamic per-row activations) in steps of 5+ tokens: on | off | "
         "auto (on for bf16 on CPUs with int8 dot products, VNNI or AMX, except in steps with "
         "LoRA adapter rows; docs/performance.md)",
     )

@@ -1,6 +1,6 @@
 """Compile `cpu_kernels.c`, `paged_decode.c`, `int8_head.c`, `int8_screen.c`, `int8_linear.c`,
-`bf16_linear.c`, `block_linear.c`, `q8_head.c`, `sample_draw.c`, `screened_row.c` and
-`lora_sgmv.c` with the machine's C compiler once, cache the library, load it.
+`int8_small.c`, `bf16_linear.c`, `block_linear.c`, `q8_head.c`, `sample_draw.c`,
+`screened_row.c` and `lora_sgmv.c` with the machine's C compiler once, cache the library, load it.
 
 A plain C library through ctypes rather than a torch C++ extension: it builds in about 0.4 s
 (no torch headers), so the first start ever stays fast, and a later start loads it from the
@@ -36,6 +36,7 @@ NAMES = (
     "int8_head.c",
     "int8_screen.c",
     "int8_linear.c",
+    "int8_small.c",
     "bf16_linear.c",
     "block_linear.c",
     "q8_head.c",
@@ -170,6 +171,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.head_argmax_q8_outliers.restype = I64
     lib.linear_bf16.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR, PTR]
     lib.linear_bf16.restype = None
+    lib.linear_q8.argtypes = [PTR, PTR, I64, I64, PTR, PTR, PTR, I64, PTR, PTR]
+    lib.linear_q8.restype = None
     lib.linear_blocks.argtypes = [PTR, I64, I64, I64, I64, I64, PTR, I64, PTR, PTR]
     lib.linear_blocks.restype = ctypes.c_int
     lib.q8_head.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR]
@@ -178,6 +181,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.lora_sgmv_bf16.restype = ctypes.c_int
     supported = (
         "linear_bf16_supported",
+        "linear_q8_supported",
         "linear_blocks_supported",
         "q8_head_supported",
         "lora_sgmv_supported",

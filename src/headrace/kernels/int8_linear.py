@@ -24,6 +24,11 @@ from headrace.kernels.build import cpu_kernels
 
 log = logging.getLogger(__name__)
 INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+# Steps of SMALL_MIN_ROWS..SMALL_MAX_ROWS rows take int8_small.c, larger ones oneDNN; where
+# int8_small.c cannot run, int8 starts at ONEDNN_MIN_ROWS (oneDNN's int8 is slow below it).
+SMALL_MIN_ROWS = 5
+SMALL_MAX_ROWS = 48
+ONEDNN_MIN_ROWS = 32
 
 
 @functools.cache
@@ -62,6 +67,15 @@ class Int8Linear:
         q, self.w_scale = quantize_weight(weight)
         self.packed = torch.ops.onednn.qlinear_prepack(q, None)
         self.w_zp = torch.zeros(weight.shape[0], dtype=torch.int64)
+        # int8_small.c's copy for decode-sized steps, where oneDNN's int8 matmul is slow
+        self.small: torch.Tensor | None = None
+        self.qsum = torch.zeros(0, dtype=torch.int32)
+        lib = cpu_kernels()
+        n, k = q.shape
+        if lib is not None and lib.linear_q8_supported() and n % 64 == 0 and k % 4 == 0:
+            self.small = q.reshape(n // 16, 16, k // 4, 4).transpose(1, 2).contiguous()
+            self.qsum = q.sum(dim=1, dtype=torch.int32)
+        self.min_rows = SMALL_MIN_ROWS if self.small is not None else ONEDNN_MIN_ROWS
 
     @classmethod
     def build(cls, weight: torch.Tensor) -> Int8Linear | None:
@@ -94,6 +108,8 @@ class Int8Linear:
         t = x.shape[0]
         if x.stride(1) != 1:
             x = x.contiguous()
+        if self.small is not None and t <= SMALL_MAX_ROWS:
+            return self._small(x, bias)
         q, s = quantize_rows(x, rows)
         y: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
             q, 1.0, 128, self.packed, self.w_scale, self.w_zp, None, 1.0, 0,
@@ -106,4 +122,19 @@ class Int8Linear:
         assert lib is not None
         lib.scale_rows_bf16(y.data_ptr(), t, y.shape[1], s.data_ptr(),
                             bias.data_ptr() if bias is not None else None)  # fmt: skip
+        return y
+
+    def _small(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        assert self.small is not None
+        t, k = x.shape
+        n = self.small.shape[0] * 16
+        q, s = quantize_rows(x, t)
+        if bias is not None:
+            bias = bias.to(torch.bfloat16).contiguous()
+        y = torch.empty(t, n, dtype=torch.bfloat16)
+        lib = cpu_kernels()
+        assert lib is not None
+        lib.linear_q8(q.data_ptr(), s.data_ptr(), t, k, self.small.data_ptr(),
+                      self.qsum.data_ptr(), self.w_scale.data_ptr(), n,
+                      bias.data_ptr() if bias is not None else None, y.data_ptr())  # fmt: skip
         return y

@@ -24,14 +24,11 @@ from headrace.layers.lora import LoraDelta
 log = logging.getLogger(__name__)
 PACK_BATCH_HINT = 32  # oneDNN picks the layout for about this many rows; any count works
 _NO_BUCKET = bool(os.environ.get("HEADRACE_NO_BUCKET"))
-# From 32 rows up the int8 path beats packed bf16 on both quantized shapes (qkv 1.03x, gate_up
-# 1.52x at 32 rows; 1.4-1.9x from 64; `bench/kernels.py --only int8`). At 16 the two split
-# (qkv 0.82x, gate_up 1.27x), and below, bf16 wins (decode at low concurrency, memory-bound),
-# so small steps keep their bf16 products. Against bf16_linear's kernel, with the weights
-# from memory as in a step (`--only int8-small`, 2026-12-06, AMD EPYC, no AMX), int8 gains
-# 1.08x on gate_up at 16 rows and 1.20x at 24 (qkv 0.94x, 1.04x): about 1 ms of a 45 ms step
-# at 24 rows, too little for a second threshold.
-INT8_MIN_ROWS = 32
+# Which steps take the int8 copy is Int8Linear.min_rows: from 5 rows where int8_small.c runs
+# (1.5-2.2x bf16_linear's kernel at 1-31 rows, the weights from memory as in a step:
+# `bench/kernels.py --only int8-small`), from 32 where only oneDNN's int8 matmul does (slower
+# than bf16 below that). Steps of 1-4 rows keep bf16 or the GGUF's own blocks: at one stream
+# those read fewer bytes still, and the gate's decode-step perplexity was measured on them.
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
@@ -118,7 +115,7 @@ class MergedLinear(nn.Module):
             self.small = bf16_linear.pack(self.weight)
 
     def quantize(self, with_lora: bool = False) -> bool:
-        """Add an int8 copy for steps of INT8_MIN_ROWS rows or more (`with_lora`: also those
+        """Add an int8 copy for steps of its min_rows rows or more (`with_lora`: also those
         with adapter rows); False where unavailable."""
         self.int8, self.int8_with_lora = Int8Linear.build(self.weight), with_lora
         if self.int8 is not None and self.small is not None:
@@ -163,7 +160,7 @@ class MergedLinear(nn.Module):
         if (
             self.int8 is not None
             and x.dim() == 2
-            and x.shape[0] >= INT8_MIN_ROWS
+            and x.shape[0] >= self.int8.min_rows
             and (self.int8_with_lora or self.lora is None or not self.lora.batch.groups)
         ):
             return self.int8(x, self.bias, padded_rows(x.shape[0]))

@@ -3,12 +3,13 @@ blocks for decode steps, or, with `--deterministic`, one row-independent path fo
 size.
 
 What makes a greedy request's tokens depend on what shares its steps (measured on Gemma 3 270M
-in bf16, docs/engine.md): the int8 matmuls start at 32 rows per step, so a prompt's hidden states
-change when neighbours push its step past 32 tokens; oneDNN's bf16 matmul (past 64 rows) blocks
-its sums by the row count; prefill chunks attend through other kernels than decodes. The
-deterministic mode takes int8 off, sends every step through bf16_linear (each row's sums its
-own, in a fixed order) and lets every token attend as a decode of its own
-(`build_step_inputs(per_token=True)`); greedy picks come from the int8 head, exact per row.
+in bf16, docs/engine.md): the int8 matmuls start at 5 rows per step (32 where only oneDNN's
+int8 runs), so a prompt's hidden states change when neighbours push its step past that;
+oneDNN's bf16 matmul (past 64 rows) blocks its sums by the row count; prefill chunks attend
+through other kernels than decodes. The deterministic mode takes int8 off, sends every step
+through bf16_linear (each row's sums its own, in a fixed order) and lets every token attend as
+a decode of its own (`build_step_inputs(per_token=True)`); greedy picks come from the int8
+head, exact per row.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 from pathlib import Path
 
 from headrace.config import ModelConfig
+from headrace.layers.linear import MergedLinear
 from headrace.loader.blocks import attach_blocks
 from headrace.models.base import CausalLM
 
@@ -46,6 +48,8 @@ def choose_matmuls(model: CausalLM, config: ModelConfig, model_dir: Path) -> Non
     # `on` keeps int8 in steps with LoRA adapter rows too; `auto` computes those in bf16
     quantized = model.quantize_matmuls(with_lora=config.int8_matmuls == "on")
     if quantized:
-        log.info("int8 matmuls: %d projections, in steps of 32+ tokens", quantized)
+        int8s = [m.int8 for m in model.modules() if isinstance(m, MergedLinear) and m.int8]
+        rows = min(lin.min_rows for lin in int8s)
+        log.info("int8 matmuls: %d projections, in steps of %d+ tokens", quantized, rows)
     elif config.int8_matmuls == "on":
         log.warning("--int8-matmuls on: unavailable here (bf16 on a CPU with VNNI/AMX)")
