@@ -27,8 +27,8 @@ _NO_BUCKET = bool(os.environ.get("HEADRACE_NO_BUCKET"))
 # Which steps take the int8 copy is Int8Linear.min_rows: from 5 rows where int8_small.c runs
 # (1.5-2.2x bf16_linear's kernel at 1-31 rows, the weights from memory as in a step:
 # `bench/kernels.py --only int8-small`), from 32 where only oneDNN's int8 matmul does (slower
-# than bf16 below that). Steps of 1-4 rows keep bf16 or the GGUF's own blocks: at one stream
-# those read fewer bytes still, and the gate's decode-step perplexity was measured on them.
+# than bf16 below that). Steps of 1-4 rows (one to a few streams) keep their numerics: the
+# GGUF's own blocks (the file's weights exactly, in fewer bytes than int8) or bf16.
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
