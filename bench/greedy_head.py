@@ -2,9 +2,9 @@
 
 Decodes a batch of plain-word prompts (headrace bench's) and one of random-token prompts
 (vLLM's `bench serve` kind) through the runner, keeps the final hidden rows of every decode
-step, then times on each step: the bf16 matmul + argmax, the two-limb int8 head, and the head
-as it dispatches (one limb with outlier channels on VNNI without AMX), mean ms a step, and
-checks the head's picks against the float64 argmax.
+step, then times on each step: the bf16 head (as compute_logits runs it) + argmax, the
+two-limb int8 head, and the head as it dispatches (one limb with outlier channels on VNNI
+without AMX), mean ms a step, and checks the head's picks against the float64 argmax.
 
     .venv/bin/python bench/greedy_head.py --rows 16,32 --steps 20
 """
@@ -25,7 +25,6 @@ from headrace.engine.runner.model_runner import ModelRunner
 from headrace.engine.runner.runner_harness import RunnerHarness
 from headrace.kernels import int8_head
 from headrace.kernels.argmax import argmax_rows
-from headrace.layers.linear import packed_linear
 from headrace.loader.tokenizer import load_tokenizer
 
 
@@ -84,8 +83,7 @@ def main() -> None:
     args = p.parse_args()
     counts = [int(r) for r in args.rows.split(",")]
     runner, head = head_runner(counts)
-    packed = runner.model.packed_head
-    assert packed is not None and runner.model_dir is not None, "needs oneDNN's packed head"
+    assert runner.model_dir is not None
     tok = load_tokenizer(runner.model_dir)
     words = Workload(kind="uniform", prompt_len=(32, 256), output_len=(64, 64), seed=5)
     gen = torch.Generator().manual_seed(1)
@@ -107,7 +105,7 @@ def main() -> None:
             report[f"{name}_{n}rows"] = {
                 "steps": len(xs),
                 "bf16_matmul_argmax_ms": mean_ms(
-                    lambda x: argmax_rows(packed_linear(x, packed, None)), xs, args.repeats
+                    lambda x: argmax_rows(runner.model.compute_logits(x)), xs, args.repeats
                 ),
                 "two_limbs_ms": mean_ms(
                     lambda x: head._two_limbs(x.float().contiguous()), xs, args.repeats

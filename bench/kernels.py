@@ -27,6 +27,8 @@
   fp32 constants a block) vs the bf16 kernel above, on the four layer shapes with Gemma 3
   270M's Q4_K_M block types (qkv and gate_up Q5_0, o Q4_K, down Q6_K) at 1-8 rows, 18 weights
   in turn; ms per layer, the ratio is bf16 kernel time / blocks time;
+* the bf16 head's logits (`head-bf16`, 1-512 rows): bf16_linear's kernel vs oneDNN's packed
+  matmul over the 262144 x 640 head;
 * the greedy head, [R, 640] hidden rows -> token ids over a 262144 x 640 bf16 head (random
   weights of Gemma's scale): the exact int8 head vs the bf16 oneDNN matmul + argmax kernel;
 * a few-row step's sampled logits over the same head (`q8head`): the Q8_0 head
@@ -235,6 +237,24 @@ def token_mask_case(rows: int, repeats: int) -> dict[str, float]:
     return {"kernel_ms": kernel_ms, "torch_ms": torch_ms, "speedup": torch_ms / kernel_ms}
 
 
+def head_bf16_cases(repeats: int) -> dict[str, dict[str, float]]:
+    """The bf16 head's logits (262144 x 640, what sampled rows past the screens and logprobs
+    read): oneDNN's packed matmul vs bf16_linear's kernel, ms; the ratio is oneDNN / kernel."""
+    weight = (torch.randn(VOCAB, 640) * 0.03).bfloat16()
+    packed = pack_weight(weight)
+    if packed is None or not bf16_linear.supported(weight):
+        return {"unavailable": {}}
+    small = bf16_linear.pack(weight)
+    del weight
+    out = {}
+    for r in (1, 4, 8, 16, 32, 64, 128, 512):
+        x = torch.randn(r, 640).bfloat16()
+        a = best_ms(lambda x=x: packed_linear(x, packed, None), repeats)
+        b = best_ms(lambda x=x: bf16_linear.linear(x, small, None), repeats)
+        out[f"rows{r}"] = {"onednn_ms": a, "kernel_ms": b, "ratio": a / b}
+    return out
+
+
 def head_cases(rows: list[int], repeats: int) -> dict[str, dict[str, float]]:
     weight = (torch.randn(VOCAB, 640) * 0.03).bfloat16()
     packed = pack_weight(weight)
@@ -321,6 +341,7 @@ def main() -> None:
         "int8-small": lambda: int8_small_cases(args.repeats),
         "bf16": lambda: bf16_cases(max(5, args.repeats // 3)),
         "blocks": lambda: block_cases(max(5, args.repeats // 3)),
+        "head-bf16": lambda: head_bf16_cases(3),
         "head": lambda: head_cases([1, 2, 4, 8, 16, 32, 64, 128], max(5, args.repeats // 3)),
         "q8head": lambda: q8_head_cases(max(5, args.repeats // 3)),
     }

@@ -74,15 +74,8 @@ static void block_rows(const uint16_t *x, int64_t xs, int64_t K, const uint16_t 
 void linear_bf16(const uint16_t *x, int64_t M, int64_t K, int64_t xs, const uint16_t *wp,
                  int64_t N, const uint16_t *bias, uint16_t *y) {
     const int64_t blocks = N / 64, group = 16 * K; /* a group of 16 channels, in bf16 */
-    /* Whole blocks per thread keep each weight read once; where there are fewer blocks than
-     * threads (o_proj's 10 on a 16-core CPU) the rows are split too, in multiples of 4. */
-    const int64_t threads = omp_get_max_threads();
-    int64_t chunks = blocks >= threads ? 1 : (threads + blocks - 1) / blocks;
-    if (chunks > (M + 3) / 4) chunks = (M + 3) / 4;
-    const int64_t rows = ((M + chunks - 1) / chunks + 3) / 4 * 4;
-    /* a few consecutive tasks per grab, so that the block a thread prefetches is mostly the
-     * one it takes next */
-    const int64_t grab = blocks * chunks / (4 * threads) > 1 ? blocks * chunks / (4 * threads) : 1;
+    const block_split_t split = block_split(blocks, M, omp_get_max_threads());
+    const int64_t chunks = split.chunks, rows = split.rows, grab = split.grab;
     _Pragma("omp parallel for schedule(dynamic, grab)")
     for (int64_t task = 0; task < blocks * chunks; task++) {
         const int64_t blk = task / chunks, m0 = task % chunks * rows;

@@ -59,6 +59,25 @@ static inline unsigned prefetch_mask(int64_t pass, int64_t passes) {
     return mask;
 }
 
+/* How a matmul of M rows over `blocks` blocks of 64 channels is cut into tasks (bf16_linear.c,
+ * int8_small.c): whole blocks per thread keep each weight read once; where there are fewer
+ * blocks than threads (o_proj's 10 on a 16-core CPU) the rows are split too, in `chunks` of
+ * `rows` (a multiple of 4). Threads take `grab` consecutive tasks at a time, so that the block
+ * a thread prefetches is mostly the one it takes next. */
+typedef struct {
+    int64_t chunks, rows, grab;
+} block_split_t;
+
+static inline block_split_t block_split(int64_t blocks, int64_t M, int64_t threads) {
+    block_split_t s;
+    s.chunks = blocks >= threads ? 1 : (threads + blocks - 1) / blocks;
+    if (s.chunks > (M + 3) / 4) s.chunks = (M + 3) / 4;
+    s.rows = ((M + s.chunks - 1) / s.chunks + 3) / 4 * 4;
+    const int64_t per = blocks * s.chunks / (4 * threads);
+    s.grab = per > 1 ? per : 1;
+    return s;
+}
+
 #ifdef __AVX512F__
 /* Line d of group g of a block (64 bytes at p + (g * lines + d) * 64), held in a register: GCC
  * otherwise folds it into each dot-product instruction as a memory operand, one load per use,

@@ -99,12 +99,8 @@ void linear_q8(const uint8_t *q, const float *sx, int64_t M, int64_t K, const in
                uint16_t *y) {
     const qout_t o = {qsum, sw, sx, bias, y, N};
     const int64_t blocks = N / 64, group = 16 * K; /* a group of 16 channels, in bytes */
-    /* As linear_bf16: whole blocks per thread, rows split too only where blocks are fewer. */
-    const int64_t threads = omp_get_max_threads();
-    int64_t chunks = blocks >= threads ? 1 : (threads + blocks - 1) / blocks;
-    if (chunks > (M + 3) / 4) chunks = (M + 3) / 4;
-    const int64_t rows = ((M + chunks - 1) / chunks + 3) / 4 * 4;
-    const int64_t grab = blocks * chunks / (4 * threads) > 1 ? blocks * chunks / (4 * threads) : 1;
+    const block_split_t split = block_split(blocks, M, omp_get_max_threads());
+    const int64_t chunks = split.chunks, rows = split.rows, grab = split.grab;
     _Pragma("omp parallel for schedule(dynamic, grab)")
     for (int64_t task = 0; task < blocks * chunks; task++) {
         const int64_t blk = task / chunks, m0 = task % chunks * rows;

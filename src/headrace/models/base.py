@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headrace.kernels import q8_head
+from headrace.kernels import bf16_linear, q8_head
 from headrace.layers.attention import AttentionMetadata
 from headrace.layers.linear import MergedLinear, pack_weight, packed_linear
 from headrace.layers.rotary import RotaryEmbedding
@@ -36,6 +36,7 @@ class CausalLM(nn.Module):
         self.ropes: dict[str, RotaryEmbedding] = {}
         self.lm_head: nn.Module | None = None
         self.packed_head: torch.Tensor | None = None
+        self.small_head: torch.Tensor | None = None  # bf16_linear's layout, in its place
         self.q8_head: q8_head.Q8Head | None = None  # a GGUF's Q8_0 head, for few-row steps
 
     @classmethod
@@ -58,7 +59,14 @@ class CausalLM(nn.Module):
             if callable(prepare):  # per-layer constants that depend on loaded weights
                 prepare()
         if self.lm_head is None:  # tied: the embedding stays for lookups, the head is packed
-            self.packed_head = pack_weight(self.embed_weight)
+            # bf16_linear's kernel where it runs: 1.2-1.5x oneDNN's packed bf16 matmul on the
+            # head at 1-32 rows, as fast from 64 to 512 (`bench/kernels.py --only head-bf16`)
+            if pack_weight(self.embed_weight[:64]) is not None and bf16_linear.supported(
+                self.embed_weight
+            ):
+                self.small_head = bf16_linear.pack(self.embed_weight)
+            else:
+                self.packed_head = pack_weight(self.embed_weight)
 
     def quantize_matmuls(self, with_lora: bool = False) -> int:
         """Int8 copies of the projections in INT8_PROJECTIONS; how many were made. `with_lora`:
@@ -126,6 +134,8 @@ class CausalLM(nn.Module):
             logits = self.lm_head(hidden)
         elif self.q8_head is not None and _few_bf16_rows(hidden):
             logits = q8_head.logits(hidden, self.q8_head)
+        elif self.small_head is not None and hidden.dim() == 2:
+            logits = bf16_linear.linear(hidden, self.small_head, None)
         elif self.packed_head is not None:
             logits = packed_linear(hidden, self.packed_head, None)
         elif hidden.device.type == "cpu" and hidden.dtype == torch.float32 and len(hidden) <= 64:
