@@ -59,8 +59,9 @@ class CausalLM(nn.Module):
             if callable(prepare):  # per-layer constants that depend on loaded weights
                 prepare()
         if self.lm_head is None:  # tied: the embedding stays for lookups, the head is packed
-            # bf16_linear's kernel where it runs: 1.2-1.5x oneDNN's packed bf16 matmul on the
-            # head at 1-32 rows, as fast from 64 to 512 (`bench/kernels.py --only head-bf16`)
+            # bf16_linear's kernel where it runs: 1.2-1.8x oneDNN's packed bf16 matmul on the
+            # head at 1-48 rows, as fast from 64 to 512 (`bench/kernels.py --only head-bf16`).
+            # Only where packing is on at all (the layers pack likewise): a probe on 64 rows.
             if pack_weight(self.embed_weight[:64]) is not None and bf16_linear.supported(
                 self.embed_weight
             ):
