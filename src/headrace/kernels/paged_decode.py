@@ -115,6 +115,7 @@ def paged_decode(
     bounds: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
+    # Long only for the C kernel's flat argument list (15 values), one a line.
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
     assert q.dtype == k_cache.dtype == v_cache.dtype and hq % hkv == 0

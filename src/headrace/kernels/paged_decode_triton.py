@@ -39,6 +39,8 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
     UPCAST: tl.constexpr,
 ):  # fmt: skip
+    # One kernel body, long on purpose: the online softmax's state lives in registers across
+    # the loop over blocks, which a split into helpers would only pass around.
     b = tl.program_id(0)
     h = tl.program_id(1)
     base = tl.load(base_ptr + b).to(tl.int32)  # positions: int32 loop bounds, as Triton likes

@@ -93,8 +93,6 @@ def pick_tokens(
         x = rows if len(on_head) == n else rows[on_head]  # all greedy: no copy
         for i, t in zip(on_head, head_argmax(head, x), strict=True):
             flat[i] = t
-    logprobs: list[TokenLogprobs | None] = [None] * s
-    ends = GrammarEnds()  # none on the int8 head: a constrained row never goes there
     own = [i for i in range(s) if not greedy[i]]
     drafts = [i for i in range(s, n) if not greedy[i]]
     full_rows = len(own) + len(drafts)
@@ -103,20 +101,42 @@ def pick_tokens(
     screen = not drafts or full_rows <= WITH_DRAFTS
     if screened is not None and own and screened.worth(full_rows) and screen:
         own, drafts = _draw_screened(rows, sampled, own, drafts, screened, sampler, flat)
+    logprobs: list[TokenLogprobs | None] = [None] * s
+    ends = GrammarEnds()  # none on the int8 head: a constrained row never goes there
     if own or drafts:
-        full = rows if len(own) + len(drafts) == n else rows[own + drafts]
-        logits = compute_logits(full)  # [S' + D', V]
-        k = len(own)
-        reqs = [sampled[i] for i in own]
-        ends = grammars.apply(logits[:k], reqs)
-        tokens, lps = sampler(logits[:k], reqs) if k else ([], [])
-        for i, t, lp in zip(own, tokens, lps, strict=True):
-            flat[i], logprobs[i] = t, lp
-        if drafts:
-            picks = after_drafts(logits[k:], [i - s for i in drafts], sampled, sampler)
-            for i, t in zip(drafts, picks, strict=True):
-                flat[i] = t
+        ends = _full_head(
+            rows, sampled, own, drafts, compute_logits, sampler, grammars, flat, logprobs
+        )
     return StepPicks(flat[:s], logprobs, flat[s:], ends)
+
+
+def _full_head(
+    rows: torch.Tensor,
+    sampled: list[ScheduledRequest],
+    own: list[int],
+    drafts: list[int],
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    sampler: Sampler,
+    grammars: GrammarMasks,
+    flat: list[int],
+    logprobs: list[TokenLogprobs | None],
+) -> GrammarEnds:
+    """Rows `own` (sampled) and `drafts` from the full head's logits, into `flat` and
+    `logprobs`; the constrained requests that end here."""
+    s, n = len(sampled), len(rows)
+    full = rows if len(own) + len(drafts) == n else rows[own + drafts]
+    logits = compute_logits(full)  # [S' + D', V]
+    k = len(own)
+    reqs = [sampled[i] for i in own]
+    ends = grammars.apply(logits[:k], reqs)
+    tokens, lps = sampler(logits[:k], reqs) if k else ([], [])
+    for i, t, lp in zip(own, tokens, lps, strict=True):
+        flat[i], logprobs[i] = t, lp
+    if drafts:
+        picks = after_drafts(logits[k:], [i - s for i in drafts], sampled, sampler)
+        for i, t in zip(drafts, picks, strict=True):
+            flat[i] = t
+    return ends
 
 
 def runner_output(sampled: list[ScheduledRequest], picked: StepPicks) -> RunnerOutput:

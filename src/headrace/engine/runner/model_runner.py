@@ -126,11 +126,7 @@ class ModelRunner:
         self._head_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="int8-head")
         self._greedy_head = self._head_pool.submit(int8_greedy_head, model)
         self._head_pool.shutdown(wait=False)
-        self.block_size = cache_config.block_size
-        self.num_kv_blocks = cache_config.num_kv_blocks or blocks_for_budget(
-            model.args, self.block_size, self.dtype, kv_budget_gib(cache_config, self.device)
-        )
-        self.max_model_len = _context_in_pool(max_model_len, self.num_kv_blocks * self.block_size)
+        self._size_pool(cache_config, max_model_len)
         # The model's own; the front end adds its tokenizer's (chat turn ends) per request.
         eos = model.args.eos_token_ids + extra_eos
         self.eos_token_ids = tuple(dict.fromkeys(i for i in eos if 0 <= i < self.vocab_size))
@@ -146,6 +142,15 @@ class ModelRunner:
         self.sampler = Sampler()
         self.loras = LoraManager(model)  # adapters, loaded by name (--lora, admin routes)
         self._finish_setup(model_dir, deterministic)
+
+    def _size_pool(self, cache_config: CacheConfig, max_model_len: int) -> None:
+        """The KV pool's blocks (given, or what the memory budget holds) and the context it
+        serves: at most what the pool holds."""
+        self.block_size = cache_config.block_size
+        self.num_kv_blocks = cache_config.num_kv_blocks or blocks_for_budget(
+            self.model.args, self.block_size, self.dtype, kv_budget_gib(cache_config, self.device)
+        )
+        self.max_model_len = _context_in_pool(max_model_len, self.num_kv_blocks * self.block_size)
 
     def _finish_setup(self, model_dir: Path | None, deterministic: bool) -> None:
         """Attention path and fault injection; then the wait for the background builds."""
