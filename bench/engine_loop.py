@@ -11,6 +11,7 @@ sites, so a little slower than without).
 
     .venv/bin/python bench/engine_loop.py --streams 32 --requests 96
     .venv/bin/python bench/engine_loop.py --streams 32 --requests 96 --temperature 0.8 --profile
+    .venv/bin/python bench/engine_loop.py --streams 64 --requests 192 --temperature 1.0 --top-p 0.95
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ from headrace.engine.runner.model_runner import ModelRunner  # noqa: E402
 from headrace.request import SamplingParams  # noqa: E402
 
 
-def make_request(i: int, rng: random.Random, vocab: int, temperature: float) -> EngineCoreRequest:
+def make_request(
+    i: int, rng: random.Random, vocab: int, temperature: float, top_p: float = 1.0
+) -> EngineCoreRequest:
     ids = [rng.randrange(1000, vocab - 1000) for _ in range(rng.randint(128, 384))]
     params = SamplingParams(
-        temperature=temperature, max_tokens=rng.randint(32, 96), ignore_eos=True
+        temperature=temperature, top_p=top_p, max_tokens=rng.randint(32, 96), ignore_eos=True
     )
     return EngineCoreRequest(f"r{i}", ids, params)
 
@@ -78,7 +81,7 @@ class Kind:
         }
 
 
-def warmed_core(rng: random.Random, temperature: float) -> tuple[EngineCore, int]:
+def warmed_core(rng: random.Random, temperature: float, top_p: float) -> tuple[EngineCore, int]:
     """The core, its KV pool touched and four requests drawn from `rng` run; and the model's
     vocabulary."""
     core = EngineCore.from_configs(ModelConfig(), CacheConfig(), SchedulerConfig())
@@ -89,7 +92,7 @@ def warmed_core(rng: random.Random, temperature: float) -> tuple[EngineCore, int
         for pool in pair:
             pool.zero_()
     for i in range(4):
-        core.add_request(make_request(-1 - i, rng, core.runner.vocab_size, temperature))
+        core.add_request(make_request(-1 - i, rng, core.runner.vocab_size, temperature, top_p))
     while core.has_work():
         core.step()
     return core, core.runner.vocab_size
@@ -97,14 +100,14 @@ def warmed_core(rng: random.Random, temperature: float) -> tuple[EngineCore, int
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    core, vocab = warmed_core(rng, args.temperature)
+    core, vocab = warmed_core(rng, args.temperature, args.top_p)
     if args.profile:
         step_profile.instrument()
     sent = out_tokens = 0
 
     def send() -> None:
         nonlocal sent
-        core.add_request(make_request(sent, rng, vocab, args.temperature))
+        core.add_request(make_request(sent, rng, vocab, args.temperature, args.top_p))
         sent += 1
 
     for _ in range(args.streams):
@@ -124,6 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "streams": args.streams,
         "requests": args.requests,
         "temperature": args.temperature,
+        "top_p": args.top_p,
         "wall_s": round(wall, 2),
         "output_tokens": out_tokens,
         "output_tokens_per_s": round(out_tokens / wall, 1),
@@ -141,6 +145,7 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=32)
     p.add_argument("--requests", type=int, default=96)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1016)
     p.add_argument("--profile", action="store_true", help="seconds per category and kind")
     print(json.dumps(run(p.parse_args()), indent=1))
