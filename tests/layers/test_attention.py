@@ -67,8 +67,9 @@ def test_chunks_and_decodes_match_dense(window: int | None, paged_kernel: bool) 
                 sched.append(
                     ScheduledRequest(str(i), ids, done[i], tables[i], True, SamplingParams(), 0)
                 )
+        # both windows' views in one step, as for Gemma's layers: the kernel's one table
         inputs = build_step_inputs(
-            sched, BS, [window], torch.device("cpu"), paged_kernel=paged_kernel
+            sched, BS, [5, None], torch.device("cpu"), paged_kernel=paged_kernel
         )
         order = [int(r.request_id) for r in inputs.sampled]  # the batch's row order
         rows = [

@@ -92,8 +92,9 @@ def test_padding_rows_write_only_the_spare_block(
     graphs = buffered.decode_graphs
     assert graphs is not None  # the fourth row, a decode a step ago, now pads:
     assert graphs.ids[3] == graphs.positions[3] == 0 and graphs.slots[3] == graphs.spare_slot
-    for w, bounds in graphs.bounds.items():
-        assert bounds[:, 3].tolist() == [0, 0, 1] and graphs.tables[w][3, 0] == graphs.spare_block
+    assert graphs.table[3, 0] == graphs.spare_block
+    for bounds in graphs.bounds.values():
+        assert bounds[:, 3].tolist() == [0, 0, 1]
     bs = buffered.block_size
     slots = set()
     for rid in three:
@@ -130,10 +131,20 @@ def test_steps_it_does_not_take(runners: tuple[ModelRunner, ModelRunner]) -> Non
     assert not DecodeGraphs.takes(masked)  # the gathered path: its shapes change per step
 
 
-def test_table_width_covers_a_window_that_starts_mid_block() -> None:
-    assert decode_graphs._width(None, 100, 16) == 7
-    assert decode_graphs._width(512, 32768, 16) == 33  # 512 positions over 33 blocks at worst
-    assert decode_graphs._width(4096, 1000, 16) == 63  # a window past the context: the context
+def test_one_table_holds_the_longest_context_for_every_window(
+    runners: tuple[ModelRunner, ModelRunner],
+) -> None:
+    """Every window's view of a bucket reads the one table, wide enough for a sequence at
+    max_model_len (a sliding window's bounds start past its first blocks)."""
+    _, buffered = runners
+    graphs = buffered.decode_graphs
+    assert graphs is not None
+    blocks = -(-buffered.max_model_len // buffered.block_size)
+    assert graphs.table.shape == (decode_graphs.BUCKETS[-1], blocks)
+    for b in (1, 24, decode_graphs.BUCKETS[-1]):
+        views = graphs._metas[b].decode_views.values()
+        assert {v.block_table.data_ptr() for v in views} == {graphs.table.data_ptr()}
+        assert all(v.block_table.shape == (b, blocks) for v in views)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

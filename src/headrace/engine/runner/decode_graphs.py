@@ -14,8 +14,9 @@ steps (also `--deterministic`'s per-token steps) of up to 256 rows with no LoRA 
 steps run eagerly. Where nothing is captured (the CPU, `--enforce-eager`) `run` computes the
 same over the same buffers eagerly: that is how the tests check padding and buffers here.
 
-Shapes: buffers ids / positions / slots [N]; per window a table [N, width] and bounds
-[3, N], N = the largest bucket; width = the blocks a sequence can see under that window.
+Shapes: buffers ids / positions / slots [N]; one block table [N, width] that every window
+reads and per window bounds [3, N]; N = the largest bucket, width = the blocks of the longest
+context.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 from headrace.engine.kv.kv_cache import KVCache
 from headrace.engine.runner.step_inputs import StepInputs
-from headrace.layers.attention import AttentionMetadata, KVView, Window
+from headrace.layers.attention import AttentionMetadata, KVView
 from headrace.models.base import CausalLM
 
 log = logging.getLogger("headrace.engine.runner.model_runner")  # the runner's load-time lines
@@ -50,9 +51,8 @@ class DecodeGraphs:
 
         self.ids, self.positions = filled((n,), 0), filled((n,), 0)
         self.slots = filled((n,), self.spare_slot)
-        self.tables = {
-            w: filled((n, _width(w, max_model_len, block_size)), spare_block) for w in windows
-        }
+        # one table for every window (step_inputs: base 0, each window's own bounds)
+        self.table = filled((n, -(-max_model_len // block_size)), spare_block)
         # padding rows: base 0, attend to [0, 1), the first slot of table[row, 0], the spare block
         self.pad_bounds = filled((3, n), 0)
         self.pad_bounds[2] = 1
@@ -62,7 +62,7 @@ class DecodeGraphs:
         self._out: dict[int, torch.Tensor] = {}
 
     def _meta(self, b: int) -> AttentionMetadata:
-        views = {w: KVView(self.tables[w][:b], None, self.bounds[w][:, :b]) for w in self.tables}
+        views = {w: KVView(self.table[:b], None, self.bounds[w][:, :b]) for w in self.bounds}
         return AttentionMetadata(self.slots[:b], b, views, [])
 
     @property
@@ -79,6 +79,7 @@ class DecodeGraphs:
             and meta.num_decodes == rows <= BUCKETS[-1]
             and not inputs.lora_segments
             and all(view.bounds is not None for view in meta.decode_views.values())
+            and len({id(view.block_table) for view in meta.decode_views.values()}) == 1
         )
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
@@ -100,11 +101,11 @@ class DecodeGraphs:
         self.ids[t:b] = 0
         self.positions[t:b] = 0
         self.slots[t:b] = self.spare_slot
+        table = next(iter(meta.decode_views.values())).block_table  # every window's (takes)
+        self.table[:t, : table.shape[1]].copy_(table)
+        self.table[t:b, 0] = self.spare_block
         for w, view in meta.decode_views.items():
             assert view.bounds is not None
-            table = self.tables[w]
-            table[:t, : view.block_table.shape[1]].copy_(view.block_table)
-            table[t:b, 0] = self.spare_block
             self.bounds[w][:, :t].copy_(view.bounds)
             self.bounds[w][:, t:b].copy_(self.pad_bounds[:, t:b])
 
@@ -126,14 +127,6 @@ class DecodeGraphs:
                 self._out[b] = self._forward(b)
             self._graphs[b] = graph
         torch.cuda.synchronize()
-
-
-def _width(window: Window, max_model_len: int, block_size: int) -> int:
-    """The most blocks a decode's table holds: its whole context, or its window's span
-    (which may start mid-block, hence one more)."""
-    if window is None or window >= max_model_len:
-        return -(-max_model_len // block_size)
-    return -(-window // block_size) + 1
 
 
 def decode_graphs(model: CausalLM, kv_cache: KVCache, max_model_len: int) -> DecodeGraphs | None:

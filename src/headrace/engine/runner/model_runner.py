@@ -256,7 +256,8 @@ class ModelRunner:
                 raise ValueError(
                     f"request {req.request_id}: token id outside [0, {self.vocab_size})"
                 )
-            if any(not 0 <= b < self.num_kv_blocks for b in req.block_ids):
+            blocks = req.block_ids  # min / max: two passes in C, not a Python loop a block
+            if blocks and not 0 <= min(blocks) <= max(blocks) < self.num_kv_blocks:
                 raise ValueError(f"request {req.request_id}: block id outside the KV pool")
 
     @staticmethod

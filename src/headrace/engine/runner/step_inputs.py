@@ -2,7 +2,8 @@
 
 Rows of the flattened batch: first every single-token request (decodes, batched together in
 attention), then each multi-token chunk. Everything per step — slots, block tables, masks — is
-computed here once and shared by all layers.
+computed here once and shared by all layers; its integers reach the device in one copy
+(staging.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.runner.staging import Staging
 from headrace.layers.attention import AttentionMetadata, KVView, PrefillChunk, Window
 
 
@@ -51,21 +53,27 @@ def build_step_inputs(
     if tokenwise:
         decodes = [_token_of(s, i) for s in ordered for i in range(len(s.token_ids))]
     rows = _lay_out(ordered, block_size, windows, device, tokenwise)
-    meta = AttentionMetadata(
-        slot_mapping=_tensor(rows.slots, device),
-        num_decodes=len(decodes),
-        decode_views=_decode_views(decodes, block_size, windows, device, mask_dtype, paged_kernel)
-        if decodes
-        else {},
-        prefills=rows.prefills,
-    )
+    staging = Staging()
+    for part in (rows.slots, rows.ids, rows.positions, rows.sample_rows, rows.draft_rows):
+        staging.add(part, (len(part),))
+    if decodes and paged_kernel:
+        _stage_paged(decodes, block_size, windows, staging)
+    slots, ids, positions, sample_rows, draft_rows, *paged = staging.send(device)
+    if not decodes:
+        decode_views: dict[Window, KVView] = {}
+    elif paged_kernel:
+        table, *bounds = paged
+        decode_views = {w: KVView(table, None, b) for w, b in zip(windows, bounds, strict=True)}
+    else:
+        decode_views = _masked_views(decodes, block_size, windows, device, mask_dtype)
+    meta = AttentionMetadata(slots, len(decodes), decode_views, rows.prefills)
     return StepInputs(
-        _tensor(rows.ids, device),
-        _tensor(rows.positions, device),
+        ids,
+        positions,
         meta,
-        _tensor(rows.sample_rows, device),
+        sample_rows,
         rows.sampled,
-        _tensor(rows.draft_rows, device) if rows.draft_rows else None,
+        draft_rows if rows.draft_rows else None,
         rows.lora_segments,
     )
 
@@ -120,10 +128,6 @@ def _token_of(req: ScheduledRequest, i: int) -> ScheduledRequest:
     return replace(req, token_ids=req.token_ids[i : i + 1], start_pos=req.start_pos + i)
 
 
-def _tensor(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)
-
-
 def _check_blocks(req: ScheduledRequest, block_size: int) -> None:
     end = req.start_pos + len(req.token_ids)
     if len(req.block_ids) * block_size < end:
@@ -139,16 +143,33 @@ def _first_block(first_query_pos: int, block_size: int, window: Window) -> int:
     return max(0, first_query_pos - window + 1) // block_size
 
 
-def _decode_views(
+def _stage_paged(
+    decodes: list[ScheduledRequest],
+    block_size: int,
+    windows: Sequence[Window],
+    staging: Staging,
+) -> None:
+    """The in-place kernel's inputs: one block table [B, nb] from each sequence's first block,
+    which every window reads (nb: the longest context's blocks, rows padded with block 0),
+    then per window the bounds [3, B] (base 0; first and one-past-last visible position)."""
+    rows = [d.block_ids[: d.start_pos // block_size + 1] for d in decodes]
+    staging.add_rows(rows, max(len(r) for r in rows))
+    his = [d.start_pos + 1 for d in decodes]
+    base = [0] * len(decodes)
+    for window in windows:
+        los = base if window is None else [max(0, h - window) for h in his]
+        staging.add(base + los + his, (3, len(decodes)))
+
+
+def _masked_views(
     decodes: list[ScheduledRequest],
     block_size: int,
     windows: Sequence[Window],
     device: torch.device,
     mask_dtype: torch.dtype | None,
-    paged_kernel: bool,
 ) -> dict[Window, KVView]:
-    """For each window: padded block tables [B, nb] and masks [B, 1, 1, nb * bs], or the
-    kernel's bounds [3, B] in place of the masks."""
+    """Where there is no in-place kernel, for each window: padded block tables [B, nb] and
+    masks [B, 1, 1, nb * bs] for SDPA over the gathered blocks."""
     last = torch.tensor([d.start_pos for d in decodes], dtype=torch.int64)  # query positions
     views: dict[Window, KVView] = {}
     for window in windows:
@@ -159,10 +180,6 @@ def _decode_views(
         ]
         width = max(len(r) for r in rows)
         table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int64)
-        if paged_kernel:
-            bounds = _bounds(decodes, firsts, block_size, window)
-            views[window] = KVView(table.to(device), None, bounds.to(device))
-            continue
         offsets = torch.arange(width * block_size, dtype=torch.int64)
         pos = torch.tensor(firsts, dtype=torch.int64)[:, None] * block_size + offsets  # [B, L]
         mask = pos <= last[:, None]
@@ -173,15 +190,6 @@ def _decode_views(
             mask = torch.zeros(mask.shape, dtype=mask_dtype).masked_fill(~mask, float("-inf"))
         views[window] = KVView(table.to(device), mask.to(device))
     return views
-
-
-def _bounds(
-    decodes: list[ScheduledRequest], firsts: list[int], block_size: int, window: Window
-) -> torch.Tensor:
-    """[3, B]: position of each table's first slot, first and one-past-last visible position."""
-    his = [d.start_pos + 1 for d in decodes]
-    los = [0 if window is None else max(0, h - window) for h in his]
-    return torch.tensor([[f * block_size for f in firsts], los, his], dtype=torch.int64)
 
 
 def _prefill_view(

@@ -1,0 +1,118 @@
+"""The host's share of a decode step, without a model: what a GPU step runs in series with the
+device while nothing overlaps them (#33's "host hidden" goal). Prints JSON.
+
+An `EngineCore` (scheduler, KV manager, update) on a runner that does the real runner's host
+work for a step (its checks and `build_step_inputs` for Gemma 3 270M's layout: windows 512 and
+full, 16-token blocks, in-place decode attention) and then, instead of a forward, returns a
+fixed token for every sampled row. `streams` requests of `prompt` tokens decode `output`
+tokens each (`ignore_eos`); only decode-only steps are timed. Median microseconds a step:
+schedule, inputs (the runner's host part) and update, and the whole step.
+
+Set beside a device step: Gemma 3 270M's bandwidth floor is ~0.13 ms plus its KV reads
+(docs/performance.md, #33); a step's host time above that is the device idling unless the
+next step's host work overlaps this one's device work.
+
+    .venv/bin/python bench/host_step.py --streams 1,64,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from headrace.config import SchedulerConfig
+from headrace.engine.core.engine_core import EngineCore
+from headrace.engine.messages import EngineCoreRequest
+from headrace.engine.outputs import RunnerOutput, SchedulerOutput
+from headrace.engine.runner.model_runner import ModelRunner
+from headrace.engine.runner.step_inputs import build_step_inputs
+from headrace.request import SamplingParams
+
+BLOCK = 16
+WINDOWS = (512, None)
+SPENT: dict[str, float] = defaultdict(float)
+
+
+class HostOnlyRunner:
+    """The runner's host work for a step, and a fixed token in place of the model's."""
+
+    block_size = BLOCK
+    eos_token_ids = (1,)
+    model_name = "host-only"
+
+    def __init__(self, num_kv_blocks: int, max_model_len: int) -> None:
+        self.num_kv_blocks, self.max_model_len = num_kv_blocks, max_model_len
+        self.vocab_size = 1000
+
+    def describe(self) -> dict[str, str | int]:
+        return {"model": self.model_name, "device": "cpu"}
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        start = time.perf_counter()
+        ModelRunner._validate(self, out)  # type: ignore[arg-type]  # the runner's own checks
+        inputs = build_step_inputs(
+            out.scheduled, BLOCK, WINDOWS, torch.device("cpu"), torch.bfloat16, paged_kernel=True
+        )
+        SPENT["inputs"] += time.perf_counter() - start
+        return RunnerOutput(sampled={s.request_id: 7 for s in inputs.sampled})
+
+
+def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            SPENT[name] += time.perf_counter() - start
+
+    return wrapper
+
+
+def measure(streams: int, prompt: int, output: int) -> dict[str, float]:
+    blocks = streams * (-(-(prompt + output) // BLOCK) + 1) + 16
+    runner = HostOnlyRunner(blocks, prompt + output + BLOCK)
+    config = SchedulerConfig(  # no speculation: a draft would make a step more than a decode
+        max_num_seqs=streams, max_num_batched_tokens=max(2048, streams), num_speculative_tokens=0
+    )
+    core = EngineCore(config, runner)
+    core.scheduler.schedule = timed("schedule", core.scheduler.schedule)  # type: ignore[method-assign]
+    core.scheduler.update = timed("update", core.scheduler.update)  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=output, ignore_eos=True, temperature=0.0)
+    for i in range(streams):
+        ids = [2 + (i + j) % 900 for j in range(prompt)]
+        core.add_request(EngineCoreRequest(str(i), ids, params))
+    rows: list[dict[str, float]] = []
+    while core.has_work():
+        SPENT.clear()
+        start = time.perf_counter()
+        core.step()
+        total = time.perf_counter() - start
+        if core.last_stats.num_prefill_tokens == 0 and core.last_stats.num_running == streams:
+            rows.append({**SPENT, "step": total})
+    keys = ("schedule", "inputs", "update", "step")
+    return {f"{k}_us": round(statistics.median(r[k] for r in rows) * 1e6, 1) for k in keys} | {
+        "steps": len(rows)
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--streams", default="1,16,64,256")
+    p.add_argument("--prompt", type=int, default=256)
+    p.add_argument("--output", type=int, default=64)
+    args = p.parse_args()
+    report: dict[str, Any] = {"prompt": args.prompt, "output": args.output}
+    for s in (int(x) for x in args.streams.split(",")):
+        report[f"streams{s}"] = measure(s, args.prompt, args.output)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
