@@ -102,6 +102,26 @@ def test_logprobs() -> None:
     assert Sampler()(logits, [_req("c"), _req("d")])[1] == [None, None]
 
 
+def test_logprobs_of_rows_asking_for_different_counts_in_one_step() -> None:
+    """One copy for the step's rows: each still gets its own count, values and order."""
+    logits = _logits(4, seed=7)
+    counts = [2, None, 5, 1]
+    reqs = [_req(str(i), seed=i, logprobs=n) for i, n in enumerate(counts)]
+    tokens, lps = Sampler()(logits, reqs)
+    ref = torch.log_softmax(logits, -1)
+    for row, (n, lp) in enumerate(zip(counts, lps, strict=True)):
+        if n is None:
+            assert lp is None
+            continue
+        assert lp is not None and lp.token_id == tokens[row]
+        assert math.isclose(lp.logprob, ref[row, tokens[row]].item(), abs_tol=1e-5)
+        values, ids = ref[row].topk(n)
+        assert [t for t, _ in lp.top] == ids.tolist()
+        assert all(isinstance(t, int) for t, _ in lp.top)
+        for (_, got), want in zip(lp.top, values.tolist(), strict=True):
+            assert math.isclose(got, want, abs_tol=1e-5)
+
+
 def test_seeded_uniform_is_fixed() -> None:
     assert seeded_uniform(1, 2) == seeded_uniform(1, 2)
     assert seeded_uniform(1, 2) != seeded_uniform(1, 3)
