@@ -20,24 +20,27 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
-from collections import defaultdict
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from headrace.config import SchedulerConfig
-from headrace.engine.core.engine_core import EngineCore
-from headrace.engine.messages import EngineCoreRequest
-from headrace.engine.outputs import RunnerOutput, SchedulerOutput
-from headrace.engine.runner.model_runner import ModelRunner
-from headrace.engine.runner.step_inputs import build_step_inputs
-from headrace.request import SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from step_profile import SPENT, timed  # noqa: E402  (beside this script: the same wrappers)
+
+from headrace.config import SchedulerConfig  # noqa: E402
+from headrace.engine.core.engine_core import EngineCore  # noqa: E402
+from headrace.engine.messages import EngineCoreRequest  # noqa: E402
+from headrace.engine.outputs import RunnerOutput, SchedulerOutput  # noqa: E402
+from headrace.engine.runner.model_runner import ModelRunner  # noqa: E402
+from headrace.engine.runner.step_inputs import build_step_inputs  # noqa: E402
+from headrace.request import SamplingParams  # noqa: E402
 
 BLOCK = 16
 WINDOWS = (512, None)
-SPENT: dict[str, float] = defaultdict(float)
 
 
 class HostOnlyRunner:
@@ -62,17 +65,6 @@ class HostOnlyRunner:
         )
         SPENT["inputs"] += time.perf_counter() - start
         return RunnerOutput(sampled={s.request_id: 7 for s in inputs.sampled})
-
-
-def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            SPENT[name] += time.perf_counter() - start
-
-    return wrapper
 
 
 def measure(streams: int, prompt: int, output: int) -> dict[str, float]:

@@ -30,3 +30,16 @@ def test_the_device_script_runs_on_the_cpu_and_reports_every_part(tmp_path: Path
     assert set(engine["levels"]) == {"1", "4"}
     assert all(v["tokens_per_s"] > 0 for v in engine["levels"].values())
     assert engine["join"]["first_token_ms"] > 0
+
+
+def test_the_host_step_bench_it_runs_reports_each_part_within_the_step() -> None:
+    cmd = [sys.executable, "bench/host_step.py", "--streams", "1,8", "--prompt", "32"]
+    done = subprocess.run(
+        [*cmd, "--output", "8"], cwd=ROOT, check=True, capture_output=True, timeout=120
+    )
+    report = json.loads(done.stdout)
+    for streams in ("streams1", "streams8"):
+        row = report[streams]
+        assert row["steps"] > 0  # decode-only steps with every stream running were timed
+        parts = row["schedule_us"] + row["inputs_us"] + row["update_us"]
+        assert 0 < parts <= row["step_us"] * 1.05  # medians: each part is inside the step
