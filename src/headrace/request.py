@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -61,20 +62,22 @@ class RequestStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self in _FINISH_REASONS
+        return self._value_ in _FINISH_REASONS
 
     @property
     def finish_reason(self) -> FinishReason | None:
-        return _FINISH_REASONS.get(self)
+        return _FINISH_REASONS.get(self._value_)
 
 
+# Keyed by the member's value: a str hashes in C, an Enum member through Python's
+# Enum.__hash__ (asked for each request's output every step).
 _FINISH_REASONS = {
-    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
-    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
-    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
-    RequestStatus.FINISHED_TIMEOUT: FinishReason.TIMEOUT,
-    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
-    RequestStatus.FINISHED_OVERLOADED: FinishReason.OVERLOADED,
+    RequestStatus.FINISHED_STOPPED.value: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH.value: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED.value: FinishReason.ABORT,
+    RequestStatus.FINISHED_TIMEOUT.value: FinishReason.TIMEOUT,
+    RequestStatus.FINISHED_ERROR.value: FinishReason.ERROR,
+    RequestStatus.FINISHED_OVERLOADED.value: FinishReason.OVERLOADED,
 }
 
 
@@ -158,7 +161,7 @@ class SamplingParams:
         _check_logit_bias(self.logit_bias)
         _check_bad_words(self.bad_words)
 
-    @property
+    @functools.cached_property  # asked for every sampled row of every step
     def processes_logits(self) -> bool:
         """True when a logits processor changes this request's logits before the choice
         (min_p only narrows a draw: it is not one of them)."""

@@ -68,7 +68,6 @@ def test_real_gemma_head_and_hidden_states() -> None:
         )
         for i, t in enumerate(texts)
     ]
-    runner.kv_cache.prepare(range(16))
     inputs = build_step_inputs(reqs, runner.block_size, runner.model.args.windows, runner.device)
     with torch.inference_mode():
         hidden = runner.model(

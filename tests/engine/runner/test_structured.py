@@ -3,11 +3,11 @@ free requests in the same steps are unchanged, matchers are dropped when request
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 from factories import make_sentencepiece_tokenizer
@@ -102,13 +102,13 @@ def test_a_retried_step_rolls_the_matcher_back_and_a_stopped_grammar_allows_only
     masks.advance([req], [a], GrammarEnds())
     assert allowed(req) == first  # the same step again (retried): rolled back, same mask
     masks.advance([req], [a], GrammarEnds())
-    after_a = dataclasses.replace(req, num_output_tokens=1)
+    after_a = msgspec.structs.replace(req, num_output_tokens=1)
     assert b in allowed(after_a) and a not in allowed(after_a)
     masks.advance([after_a], [b], GrammarEnds())
-    done = dataclasses.replace(req, num_output_tokens=2)
+    done = msgspec.structs.replace(req, num_output_tokens=2)
     assert allowed(done) == {eos}  # complete: only the end of the sequence
     masks.advance([done], [eos], GrammarEnds())  # ignore_eos: generation goes on past the grammar
-    assert allowed(dataclasses.replace(req, num_output_tokens=3)) == {eos}
+    assert allowed(msgspec.structs.replace(req, num_output_tokens=3)) == {eos}
     assert allowed(done) == {eos}  # a retried step after the stop
     masks.drop(["r"])
     assert masks.num_matchers == 0

@@ -74,6 +74,10 @@ class BlockManager:
         have = len(self._tables.get(request_id, ()))
         return max(0, blocks_for(num_tokens, self.block_size) - have)
 
+    def covers(self, request_id: str, num_tokens: int) -> bool:
+        """Whether the request's table already holds `num_tokens` tokens (no block to add)."""
+        return len(self._tables.get(request_id, ())) * self.block_size >= num_tokens
+
     def can_fit(self, request_id: str, num_tokens: int) -> bool:
         return self.blocks_needed(request_id, num_tokens) <= self.num_free_blocks
 

@@ -221,7 +221,6 @@ class ModelRunner:
             self._inject_fault(out, self.poison_token)
         self.grammars.drop(out.finished_ids)
         self.grammars.prepare(out.scheduled)  # matchers build while the model computes
-        self.kv_cache.prepare(b for req in out.scheduled for b in req.block_ids)
         inputs = build_step_inputs(
             out.scheduled,
             self.block_size,

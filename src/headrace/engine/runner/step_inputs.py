@@ -9,9 +9,10 @@ computed here once and shared by all layers; its integers reach the device in on
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import msgspec
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
@@ -125,7 +126,9 @@ def _lay_out(
 
 def _token_of(req: ScheduledRequest, i: int) -> ScheduledRequest:
     """Token `i` of a request's share as a one-token share (what the decode views read)."""
-    return replace(req, token_ids=req.token_ids[i : i + 1], start_pos=req.start_pos + i)
+    return msgspec.structs.replace(
+        req, token_ids=req.token_ids[i : i + 1], start_pos=req.start_pos + i
+    )
 
 
 def _check_blocks(req: ScheduledRequest, block_size: int) -> None:

@@ -57,29 +57,40 @@ class RunningSet:
         a long prompt's chunks never stall running streams; `draft(req, budget)` adds a
         decoding request's drafts; a request that `sits_out` gets none this step. Returns the
         budget left."""
-        for decodes in (True, False):
-            for req in list(self.requests):
-                remaining = req.num_tokens - req.num_computed_tokens
-                if budget == 0:
-                    break
-                rid = req.request_id
-                if (remaining == 1) != decodes or rid in plan or rid in preempted:
-                    continue
-                if sits_out(req):
-                    continue
-                n = min(remaining, budget)
-                if decodes and draft is not None:
-                    n += draft(req, budget)
+        chunks: list[Request] = []  # those with prompt tokens left, in rank order: after decodes
+        for req in list(self.requests):
+            if budget == 0:
+                return 0
+            if req.num_tokens - req.num_computed_tokens != 1:
+                chunks.append(req)
+            elif self._may_grow(req, plan, preempted, sits_out):
+                n = 1 + (draft(req, budget) if draft is not None else 0)
+                budget -= self.grow(req, n, plan, preempted)
+        for req in chunks:  # a preemption above may have taken one: `preempted` says so
+            if budget == 0:
+                break
+            if self._may_grow(req, plan, preempted, sits_out):
+                n = min(req.num_tokens - req.num_computed_tokens, budget)
                 budget -= self.grow(req, n, plan, preempted)
         return budget
+
+    @staticmethod
+    def _may_grow(
+        req: Request, plan: dict[str, int], preempted: set[str], sits_out: Callable[[Request], bool]
+    ) -> bool:
+        rid = req.request_id
+        return rid not in plan and rid not in preempted and not sits_out(req)
 
     def grow(self, req: Request, n: int, plan: dict[str, int], preempted: set[str]) -> int:
         """Give a running request up to `n` tokens, preempting lower-ranked ones for blocks.
 
         Returns the budget consumed net of what preempted requests gave back.
         """
-        refund = 0
         start = req.num_computed_tokens
+        if self.blocks.covers(req.request_id, start + n):  # most decode steps: no new block
+            plan[req.request_id] = n
+            return n
+        refund = 0
         while not self.blocks.can_fit(req.request_id, start + n):
             victim = self.requests[-1]
             if victim is req:

@@ -139,9 +139,10 @@ class Scheduler:
         for rid, n in plan.items():
             req = self.requests[rid]
             drafts = self.spec.take(rid, n)
-            s = scheduled_request(req, n - len(drafts), drafts, self.blocks.block_table(rid))
-            self._last_prefill += prompt_tokens(s, req)
-            scheduled.append(s)
+            self._last_prefill += prompt_tokens(req, n)
+            scheduled.append(
+                scheduled_request(req, n - len(drafts), drafts, self.blocks.block_table(rid))
+            )
             self.queue.charge(req, n)
         # An empty step is not run: keep the ids for the next one.
         finished = self.endings.take_finished_ids() if scheduled else []

@@ -13,28 +13,30 @@ def scheduled_request(
     """`req`'s next `n` known tokens, then its speculative `drafts` (if any)."""
     start = req.num_computed_tokens
     sample = start + n == req.num_tokens
+    tokens = token_slice(req, start, n)
     return ScheduledRequest(
         request_id=req.request_id,
-        token_ids=token_slice(req, start, n) + drafts,
+        token_ids=tokens + drafts if drafts else tokens,
         start_pos=start,
         block_ids=block_ids,
         sample=sample,
         params=req.params,
-        num_output_tokens=req.num_output_tokens,
-        logits_inputs=logits_inputs(req) if sample else None,
+        num_output_tokens=len(req.output_token_ids),
+        logits_inputs=logits_inputs(req) if sample and req.params.processes_logits else None,
         draft_token_ids=drafts,
         lora_id=req.lora_id,
     )
 
 
-def prompt_tokens(s: ScheduledRequest, req: Request) -> int:
-    """How many of the step's tokens for `req` are prompt tokens (the rest: generated ones)."""
-    return max(0, min(len(s.token_ids), req.num_prompt_tokens - s.start_pos))
+def prompt_tokens(req: Request, n: int) -> int:
+    """How many of the `n` tokens `req` computes next are prompt tokens (the rest: generated
+    ones, or drafts)."""
+    return max(0, min(n, len(req.prompt_token_ids) - req.num_computed_tokens))
 
 
 def token_slice(req: Request, start: int, n: int) -> list[int]:
     """all_token_ids[start : start + n] without copying a long prompt for every decode."""
-    p = req.num_prompt_tokens
+    p = len(req.prompt_token_ids)
     if start >= p:
         return req.output_token_ids[start - p : start - p + n]
     if start + n <= p:

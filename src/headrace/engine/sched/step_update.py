@@ -50,9 +50,12 @@ class StepUpdate:
     def _update_one(self, req: Request, s: ScheduledRequest, result: RunnerOutput) -> None:
         token = result.sampled.get(s.request_id) if s.sample else None
         drafts = s.draft_token_ids
-        new = (
-            [] if token is None else accept(token, drafts, result.draft_picks.get(s.request_id, []))
-        )
+        if token is None:
+            new = []
+        elif drafts:
+            new = accept(token, drafts, result.draft_picks.get(s.request_id, []))
+        else:
+            new = [token]
         status, emitted = append_until_stop(req, new, self.max_model_len)
         # KV entries hold the tokens up to the last known one and the accepted drafts; those of
         # rejected drafts lie past them, and the next step overwrites them.
