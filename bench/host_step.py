@@ -35,7 +35,8 @@ from headrace.config import SchedulerConfig  # noqa: E402
 from headrace.engine.core.engine_core import EngineCore  # noqa: E402
 from headrace.engine.messages import EngineCoreRequest  # noqa: E402
 from headrace.engine.outputs import RunnerOutput, SchedulerOutput  # noqa: E402
-from headrace.engine.runner.model_runner import ModelRunner  # noqa: E402
+from headrace.engine.runner.block_rows import BlockRows  # noqa: E402
+from headrace.engine.runner.step_checks import check_step  # noqa: E402
 from headrace.engine.runner.step_inputs import build_step_inputs  # noqa: E402
 from headrace.request import SamplingParams  # noqa: E402
 
@@ -53,16 +54,19 @@ class HostOnlyRunner:
     def __init__(self, num_kv_blocks: int, max_model_len: int) -> None:
         self.num_kv_blocks, self.max_model_len = num_kv_blocks, max_model_len
         self.vocab_size = 1000
+        self.block_rows = BlockRows(num_kv_blocks)
 
     def describe(self) -> dict[str, str | int]:
         return {"model": self.model_name, "device": "cpu"}
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         start = time.perf_counter()
-        ModelRunner._validate(self, out)  # type: ignore[arg-type]  # the runner's own checks
+        check_step(out, self.max_model_len, self.vocab_size, self.num_kv_blocks, True)
+        self.block_rows.drop(out.finished_ids)
         inputs = build_step_inputs(
-            out.scheduled, BLOCK, WINDOWS, torch.device("cpu"), torch.bfloat16, paged_kernel=True
-        )
+            out.scheduled, BLOCK, WINDOWS, torch.device("cpu"), torch.bfloat16, paged_kernel=True,
+            block_rows=self.block_rows,
+        )  # fmt: skip
         SPENT["inputs"] += time.perf_counter() - start
         return RunnerOutput(sampled={s.request_id: 7 for s in inputs.sampled})
 

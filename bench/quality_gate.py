@@ -82,7 +82,6 @@ def perplexity(
             break
         inputs, targets = chunk[:-1], torch.tensor(chunk[1:])
         blocks = list(range(math.ceil(len(inputs) / runner.block_size)))
-        runner.kv_cache.prepare(blocks)
         step = rows or len(inputs)
         for at in range(0, len(inputs), step):
             part = inputs[at : at + step]

@@ -210,3 +210,14 @@ def test_a_seeded_continuation_with_its_seed_offset_draws_the_rest_of_the_stream
     unshifted = dataclasses.replace(rest, seed_offset=0)
     [wrong] = llm.generate([whole.prompt_token_ids + whole.token_ids[:k]], unshifted)
     assert wrong.token_ids != whole.token_ids[k:]
+
+
+def test_the_runner_lets_go_of_finished_requests_table_rows(runner):
+    core = EngineCore(SchedulerConfig(), runner)
+    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    first = [EngineCoreRequest(f"rows-{i}", [5 + i] * (10 + 7 * i), greedy) for i in range(3)]
+    _drive(core, {0: first})
+    later = EngineCoreRequest("rows-later", [9] * 12, greedy)
+    _drive(core, {0: [later]})  # its first step tells the runner the first three finished
+    assert not any(r.request_id in runner.block_rows for r in first)
+    assert later.request_id in runner.block_rows  # until the core's next step

@@ -87,7 +87,6 @@ def test_last_token_logits_match(gemma_runner: ModelRunner, hf_gemma: Any) -> No
         ids = load_tokenizer(runner.model_dir).encode(text)
         blocks = list(range(i * 8, i * 8 + 8))
         req = ScheduledRequest(str(i), ids, 0, blocks, True, GREEDY, 0)
-        runner.kv_cache.prepare(blocks)
         inputs = build_step_inputs(
             [req], runner.block_size, runner.model.args.windows, runner.device
         )

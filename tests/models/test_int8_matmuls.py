@@ -67,7 +67,6 @@ def test_int8_prefill_logits_stay_near_bf16(tmp_path: Path) -> None:
     outs = []
     for runner in (plain, int8):
         req = ScheduledRequest("r", ids.tolist(), 0, list(range(12)), True, SamplingParams(), 0)
-        runner.kv_cache.prepare(list(range(12)))
         step = build_step_inputs([req], 4, runner.model.args.windows, runner.device, runner.dtype)
         assert torch.equal(step.positions, positions)
         with torch.inference_mode():

@@ -43,6 +43,10 @@ class ScheduledRequest(msgspec.Struct, frozen=True):
     # runner returns its greedy pick after each (speculation.py).
     draft_token_ids: list[int] = msgspec.field(default_factory=list)
     lora_id: int = 0  # the runner's id of the request's LoRA adapter; 0: the base model
+    # Changes whenever block_ids changes other than by new blocks at its end (made, made again
+    # after a preemption, cut after drafts): the runner keeps a table row per request and
+    # writes only the new blocks while it holds (runner/block_rows.py). 0: unknown, write all.
+    table_epoch: int = 0
 
 
 class SchedulerOutput(msgspec.Struct, frozen=True):

@@ -64,3 +64,34 @@ def test_trim_gives_back_the_blocks_past_a_length() -> None:
     bm.check_invariants({"a": 6})
     assert bm.trim("a", 8) == 0
     assert bm.trim("nobody", 0) == 0
+
+
+def test_a_table_keeps_its_epoch_while_it_only_grows_at_its_end() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4, enable_caching=True)
+    assert bm.table_epoch("a") == 0  # no table
+    bm.allocate("a", 5)
+    first = bm.table_epoch("a")
+    bm.allocate("a", 12)  # grown at its end: the same epoch
+    assert bm.table_epoch("a") == first
+    bm.trim("a", 12)  # nothing cut: the same
+    assert bm.table_epoch("a") == first
+    bm.trim("a", 5)  # cut: a reader's copy is stale
+    cut = bm.table_epoch("a")
+    assert cut not in (0, first)
+    bm.allocate("b", 4)
+    assert bm.table_epoch("b") not in (0, first, cut)  # epochs are never shared
+    bm.free("a")
+    assert bm.table_epoch("a") == 0
+    bm.allocate("a", 4)  # made again (as after a preemption): a new epoch
+    assert bm.table_epoch("a") not in (0, first, cut)
+    bm.check_invariants({"a": 4, "b": 4})
+
+
+def test_a_table_found_in_the_prefix_cache_has_an_epoch() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4, enable_caching=True)
+    prompt = list(range(13))
+    bm.allocate("a", 13)
+    bm.cache_computed("a", prompt, 12, "t")
+    assert bm.match("b", prompt, "t") == 12
+    assert bm.table_epoch("b") not in (0, bm.table_epoch("a"))
+    bm.check_invariants()

@@ -9,10 +9,15 @@ nobody owns is free: never used, or parked in the prefix cache until an allocati
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, deque
 from collections.abc import Sequence
 
 from headrace.engine.kv.prefix_cache import BlockHash, PrefixCache, block_hash, root_hash
+
+# One count for the process, not one per block manager: a runner may serve several in turn
+# (the offline LLM, the tests) and must never see one epoch stand for two tables.
+_EPOCHS = itertools.count(1)
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -29,6 +34,9 @@ class BlockManager:
         self._free: deque[int] = deque(range(num_blocks))  # unowned and not cached
         self._refs = [0] * num_blocks
         self._tables: dict[str, list[int]] = {}
+        # A table's epoch changes whenever it changes other than by blocks added at its end, so
+        # that a reader who kept a copy knows when appending the new blocks is not enough.
+        self._epochs: dict[str, int] = {}
         self.cache = PrefixCache() if enable_caching else None
         self._chains: dict[str, list[BlockHash]] = {}  # hashes of each table's cached head
         # Full prompt blocks that running requests are computing: a request that needs one of
@@ -61,6 +69,10 @@ class BlockManager:
 
     def block_table(self, request_id: str) -> list[int]:
         return list(self._tables.get(request_id, ()))
+
+    def table_epoch(self, request_id: str) -> int:
+        """The same number for as long as the request's table only grows at its end."""
+        return self._epochs.get(request_id, 0)
 
     def num_blocks_of(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ()))
@@ -96,12 +108,16 @@ class BlockManager:
         if need > self.num_free_blocks:
             return None
         new = [self._take() for _ in range(need)]
-        self._tables.setdefault(request_id, []).extend(new)
+        if request_id not in self._tables:
+            self._tables[request_id] = []
+            self._epochs[request_id] = next(_EPOCHS)
+        self._tables[request_id].extend(new)
         return new
 
     def free(self, request_id: str) -> int:
         """Let go of all of the request's blocks; returns how many it held."""
         table = self._tables.pop(request_id, [])
+        self._epochs.pop(request_id, None)
         self._chains.pop(request_id, None)
         for h in self._promises.pop(request_id, ()):
             if self._promised.get(h) == request_id:
@@ -121,6 +137,8 @@ class BlockManager:
         keep = blocks_for(num_tokens, self.block_size)
         extra = table[keep:]
         del table[keep:]
+        if extra:
+            self._epochs[request_id] = next(_EPOCHS)
         for block in reversed(extra):
             self._refs[block] -= 1
             if self._refs[block] == 0:
@@ -157,6 +175,7 @@ class BlockManager:
             parent = h
         if table:
             self._tables[request_id] = table
+            self._epochs[request_id] = next(_EPOCHS)
             self._chains[request_id] = chain
         return len(table) * bs
 
@@ -234,6 +253,8 @@ class BlockManager:
             self.cache.check_invariants(self._refs)
         if len(owners) + self.num_free_blocks != self.num_blocks:
             raise AssertionError(f"{self.num_blocks - len(owners) - self.num_free_blocks} leaked")
+        if self._epochs.keys() != self._tables.keys():
+            raise AssertionError("a table without an epoch, or an epoch without a table")
         for rid, chain in self._chains.items():
             if len(chain) > len(self._tables.get(rid, ())):
                 raise AssertionError(f"{rid} has hashes for more blocks than it holds")

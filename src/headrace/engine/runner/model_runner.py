@@ -14,6 +14,7 @@ from headrace.config import CacheConfig, ModelConfig
 from headrace.engine.kv.kv_budget import kv_budget_gib
 from headrace.engine.kv.kv_cache import KVCache, blocks_for_budget
 from headrace.engine.outputs import RunnerOutput, SchedulerOutput
+from headrace.engine.runner.block_rows import BlockRows
 from headrace.engine.runner.decode_graphs import DecodeGraphs, decode_graphs
 from headrace.engine.runner.determinism import choose_matmuls
 from headrace.engine.runner.head_picks import (
@@ -24,6 +25,7 @@ from headrace.engine.runner.head_picks import (
 )
 from headrace.engine.runner.precision import pick_device, pick_dtype
 from headrace.engine.runner.sampler import Sampler
+from headrace.engine.runner.step_checks import check_step
 from headrace.engine.runner.step_inputs import StepInputs, build_step_inputs
 from headrace.engine.runner.structured import GrammarMasks
 from headrace.kernels.int8_head import Int8GreedyHead
@@ -151,6 +153,7 @@ class ModelRunner:
             self.model.args, self.block_size, self.dtype, kv_budget_gib(cache_config, self.device)
         )
         self.max_model_len = _context_in_pool(max_model_len, self.num_kv_blocks * self.block_size)
+        self.block_rows = BlockRows(self.num_kv_blocks)  # the decodes' tables, between steps
 
     def _finish_setup(self, model_dir: Path | None, deterministic: bool) -> None:
         """Attention path and fault injection; then the wait for the background builds."""
@@ -215,21 +218,24 @@ class ModelRunner:
         return runner_output(inputs.sampled, picked)
 
     def _step_inputs(self, out: SchedulerOutput) -> StepInputs:
-        """Checks, grammar and KV bookkeeping, then the step's tensors and LoRA rows."""
-        self._validate(out)
-        if self.poison_token is not None:
-            self._inject_fault(out, self.poison_token)
-        self.grammars.drop(out.finished_ids)
-        self.grammars.prepare(out.scheduled)  # matchers build while the model computes
-        inputs = build_step_inputs(
+        """Checks, the step's tensors, grammars and LoRA rows."""
+        paged = self.paged_kernel
+        check_step(out, self.max_model_len, self.vocab_size, self.num_kv_blocks, paged)
+        self.block_rows.drop(out.finished_ids)
+        inputs = build_step_inputs(  # checks the decodes' new blocks (block_rows)
             out.scheduled,
             self.block_size,
             self.model.args.windows,
             self.device,
             self.dtype,
-            paged_kernel=self.paged_kernel,
+            paged_kernel=paged,
             per_token=self.per_token_attention,
+            block_rows=self.block_rows,
         )
+        if self.poison_token is not None:
+            self._inject_fault(out, self.poison_token)
+        self.grammars.drop(out.finished_ids)
+        self.grammars.prepare(out.scheduled)  # matchers build while the model computes
         self.loras.set_rows(inputs.lora_segments)
         return inputs
 
@@ -240,24 +246,6 @@ class ModelRunner:
 
     def wait_greedy_head(self) -> Int8GreedyHead | None:
         return self._greedy_head.result()
-
-    def _validate(self, out: SchedulerOutput) -> None:
-        for req in out.scheduled:
-            if req.start_pos + len(req.token_ids) > self.max_model_len:
-                raise ValueError(
-                    f"request {req.request_id}: position {req.start_pos + len(req.token_ids) - 1}"
-                    f" is past max_model_len {self.max_model_len}"
-                )
-            if (
-                req.token_ids
-                and not 0 <= min(req.token_ids) <= max(req.token_ids) < self.vocab_size
-            ):
-                raise ValueError(
-                    f"request {req.request_id}: token id outside [0, {self.vocab_size})"
-                )
-            blocks = req.block_ids  # min / max: two passes in C, not a Python loop a block
-            if blocks and not 0 <= min(blocks) <= max(blocks) < self.num_kv_blocks:
-                raise ValueError(f"request {req.request_id}: block id outside the KV pool")
 
     @staticmethod
     def _inject_fault(out: SchedulerOutput, token: int) -> None:

@@ -19,6 +19,7 @@ import math
 from array import array
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 
 
@@ -44,6 +45,12 @@ class Staging:
             self._values.extend(row)
             self._values.frombytes(bytes(8 * (width - len(row))))
         return self._close(start, (len(rows), width))
+
+    def add_array(self, values: np.ndarray) -> int:
+        """Queue an integer array as a part of its own shape (copied as int64, row-major)."""
+        start = len(self._values)
+        self._values.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+        return self._close(start, values.shape)
 
     def _close(self, start: int, shape: tuple[int, ...]) -> int:
         size = math.prod(shape)

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import msgspec
+import numpy as np
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.runner.block_rows import BlockRows
 from headrace.engine.runner.staging import Staging
 from headrace.layers.attention import AttentionMetadata, KVView, PrefillChunk, Window
 
@@ -41,12 +43,14 @@ def build_step_inputs(
     mask_dtype: torch.dtype | None = None,
     paged_kernel: bool = False,
     per_token: bool = False,
+    block_rows: BlockRows | None = None,
 ) -> StepInputs:
     """`mask_dtype`: decode masks as additive float masks of the queries' dtype, converted once
     here rather than by every layer's attention call (None: boolean masks). `paged_kernel`:
     decodes get the bounds of the in-place kernel instead of masks. `per_token` (with
     `paged_kernel`): every token attends as a decode of its own, over the cache up to itself,
-    so its attention is the same however its sequence was chunked, cached or drafted."""
+    so its attention is the same however its sequence was chunked, cached or drafted.
+    `block_rows`: the runner's decode table rows, kept between steps (None: built afresh)."""
     decodes = [s for s in scheduled if len(s.token_ids) == 1]
     chunks = [s for s in scheduled if len(s.token_ids) > 1]
     ordered = decodes + chunks
@@ -58,7 +62,9 @@ def build_step_inputs(
     for part in (rows.slots, rows.ids, rows.positions, rows.sample_rows, rows.draft_rows):
         staging.add(part, (len(part),))
     if decodes and paged_kernel:
-        _stage_paged(decodes, block_size, windows, staging)
+        _stage_paged(
+            decodes, block_size, windows, staging, BlockRows() if block_rows is None else block_rows
+        )
     slots, ids, positions, sample_rows, draft_rows, *paged = staging.send(device)
     if not decodes:
         decode_views: dict[Window, KVView] = {}
@@ -151,17 +157,18 @@ def _stage_paged(
     block_size: int,
     windows: Sequence[Window],
     staging: Staging,
+    block_rows: BlockRows,
 ) -> None:
     """The in-place kernel's inputs: one block table [B, nb] from each sequence's first block,
     which every window reads (nb: the longest context's blocks, rows padded with block 0),
     then per window the bounds [3, B] (base 0; first and one-past-last visible position)."""
-    rows = [d.block_ids[: d.start_pos // block_size + 1] for d in decodes]
-    staging.add_rows(rows, max(len(r) for r in rows))
-    his = [d.start_pos + 1 for d in decodes]
-    base = [0] * len(decodes)
+    positions = np.fromiter((d.start_pos for d in decodes), np.int64, len(decodes))
+    staging.add_array(block_rows.gather(decodes, positions, block_size))
+    his = positions + 1
+    base = np.zeros_like(his)
     for window in windows:
-        los = base if window is None else [max(0, h - window) for h in his]
-        staging.add(base + los + his, (3, len(decodes)))
+        los = base if window is None else np.maximum(his - window, 0)
+        staging.add_array(np.stack([base, los, his]))
 
 
 def _masked_views(

@@ -140,9 +140,8 @@ class Scheduler:
             req = self.requests[rid]
             drafts = self.spec.take(rid, n)
             self._last_prefill += prompt_tokens(req, n)
-            scheduled.append(
-                scheduled_request(req, n - len(drafts), drafts, self.blocks.block_table(rid))
-            )
+            table, epoch = self.blocks.block_table(rid), self.blocks.table_epoch(rid)
+            scheduled.append(scheduled_request(req, n - len(drafts), drafts, table, epoch))
             self.queue.charge(req, n)
         # An empty step is not run: keep the ids for the next one.
         finished = self.endings.take_finished_ids() if scheduled else []

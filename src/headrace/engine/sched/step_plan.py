@@ -8,7 +8,7 @@ from headrace.request import Request
 
 
 def scheduled_request(
-    req: Request, n: int, drafts: list[int], block_ids: list[int]
+    req: Request, n: int, drafts: list[int], block_ids: list[int], table_epoch: int = 0
 ) -> ScheduledRequest:
     """`req`'s next `n` known tokens, then its speculative `drafts` (if any)."""
     start = req.num_computed_tokens
@@ -25,6 +25,7 @@ def scheduled_request(
         logits_inputs=logits_inputs(req) if sample and req.params.processes_logits else None,
         draft_token_ids=drafts,
         lora_id=req.lora_id,
+        table_epoch=table_epoch,
     )
 
 
