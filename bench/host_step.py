@@ -2,8 +2,10 @@
 device while nothing overlaps them (#33's "host hidden" goal). Prints JSON.
 
 An `EngineCore` (scheduler, KV manager, update) on a runner that does the real runner's host
-work for a step (its checks and `build_step_inputs` for Gemma 3 270M's layout: windows 512 and
-full, 16-token blocks, in-place decode attention) and then, instead of a forward, returns a
+work for a step (`check_step`, and `build_step_inputs` over its kept block rows for Gemma 3
+270M's layout: windows 512 and full, 16-token blocks, in-place decode attention; not the
+grammar and LoRA bookkeeping, a pass that finds nothing to do for plain requests, nor the
+graph buffers' few fixed copies) and then, instead of a forward, returns a
 fixed token for every sampled row. `streams` requests of `prompt` tokens decode `output`
 tokens each (`ignore_eos`); only decode-only steps are timed. Median microseconds a step:
 schedule, inputs (the runner's host part) and update, and the whole step.

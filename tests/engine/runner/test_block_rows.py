@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
 
 from headrace.engine.kv.block_manager import BlockManager
@@ -29,8 +28,7 @@ def _expected(decodes: list[ScheduledRequest]) -> list[list[int]]:
 
 
 def _gather(rows: BlockRows, decodes: list[ScheduledRequest]) -> list[list[int]]:
-    positions = np.array([d.start_pos for d in decodes], dtype=np.int64)
-    table: list[list[int]] = rows.gather(decodes, positions, BS).tolist()
+    table: list[list[int]] = rows.gather(decodes, [d.start_pos + 1 for d in decodes], BS).tolist()
     return table
 
 

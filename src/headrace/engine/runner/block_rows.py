@@ -41,15 +41,16 @@ class BlockRows:
         return request_id in self._rows
 
     def gather(
-        self, decodes: Sequence[ScheduledRequest], positions: np.ndarray, block_size: int
+        self, decodes: Sequence[ScheduledRequest], ends: Sequence[int], block_size: int
     ) -> np.ndarray:
-        """Each decode's blocks up to the one holding its position (`positions` [B]), as
-        [B, nb], padded with block 0 (which the bounds keep any kernel from reading)."""
+        """Each decode's blocks up to the one holding its last position (`ends`: one past it,
+        [B]), as [B, nb], padded with block 0 (which the bounds keep any kernel from reading)."""
         rows = [self._row(d) for d in decodes]
-        keep = positions // block_size + 1
-        width = int(keep.max())
+        keep = [-(-end // block_size) for end in ends]
+        width = max(keep)
         out = self.table[rows, :width]  # a copy: fancy indexing
-        out[np.arange(width) >= keep[:, None]] = 0
+        if min(keep) < width:
+            out[np.arange(width) >= np.array(keep)[:, None]] = 0
         return out
 
     def drop(self, request_ids: Iterable[str]) -> None:

@@ -16,8 +16,9 @@ so every view is aligned as a tensor of its own would be.
 from __future__ import annotations
 
 import math
+import struct
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -32,19 +33,13 @@ class Staging:
         self._values = array("q")
         self._parts: list[tuple[int, tuple[int, ...]]] = []
 
-    def add(self, values: Iterable[int], shape: tuple[int, ...]) -> int:
+    def add(self, values: Sequence[int], shape: tuple[int, ...]) -> int:
         """Queue `values` (math.prod(shape) of them, row-major); the part's index in `send`."""
         start = len(self._values)
-        self._values.extend(values)
+        # struct.pack: 7 ns an int, against 30 for array.extend of a list (which converts and
+        # appends one at a time); at 256 decodes a step stages ~1,800 ints
+        self._values.frombytes(struct.pack(f"={len(values)}q", *values))
         return self._close(start, shape)
-
-    def add_rows(self, rows: Sequence[Sequence[int]], width: int) -> int:
-        """Queue `rows` as a [len(rows), width] part, each row padded with zeros."""
-        start = len(self._values)
-        for row in rows:
-            self._values.extend(row)
-            self._values.frombytes(bytes(8 * (width - len(row))))
-        return self._close(start, (len(rows), width))
 
     def add_array(self, values: np.ndarray) -> int:
         """Queue an integer array as a part of its own shape (copied as int64, row-major)."""

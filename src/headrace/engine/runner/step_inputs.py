@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import msgspec
-import numpy as np
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
@@ -162,13 +161,13 @@ def _stage_paged(
     """The in-place kernel's inputs: one block table [B, nb] from each sequence's first block,
     which every window reads (nb: the longest context's blocks, rows padded with block 0),
     then per window the bounds [3, B] (base 0; first and one-past-last visible position)."""
-    positions = np.fromiter((d.start_pos for d in decodes), np.int64, len(decodes))
-    staging.add_array(block_rows.gather(decodes, positions, block_size))
-    his = positions + 1
-    base = np.zeros_like(his)
+    # Lists, not numpy, for all but the table: at one decode numpy's fixed costs were 15 us
+    his = [d.start_pos + 1 for d in decodes]
+    staging.add_array(block_rows.gather(decodes, his, block_size))
+    base = [0] * len(decodes)
     for window in windows:
-        los = base if window is None else np.maximum(his - window, 0)
-        staging.add_array(np.stack([base, los, his]))
+        los = base if window is None else [max(0, h - window) for h in his]
+        staging.add(base + los + his, (3, len(decodes)))
 
 
 def _masked_views(
