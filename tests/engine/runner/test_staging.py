@@ -71,3 +71,26 @@ def test_on_cuda_the_parts_arrive_on_the_device() -> None:
     table, last = staging.send(torch.device("cuda"))
     assert table.is_cuda and last.is_cuda
     assert table.cpu().tolist() == [[0, 1, 2], [3, 4, 5]] and last.item() == 8
+
+
+def test_a_decode_whose_table_cannot_hold_its_position_is_refused_by_name() -> None:
+    ok = ScheduledRequest("ok", [7], 3, [0], True, SamplingParams(), 1)
+    short = ScheduledRequest("short", [7], 16, [0], True, SamplingParams(), 1)  # needs 2 blocks
+    with pytest.raises(ValueError, match="request short: 1 blocks cannot hold 17 tokens"):
+        build_step_inputs([ok, short], 16, [None], torch.device("cpu"), paged_kernel=True)
+
+
+def test_decode_rows_keep_their_order_samples_and_adapters() -> None:
+    step = [
+        ScheduledRequest("a", [4], 5, [2], True, SamplingParams(), 1, lora_id=3),
+        ScheduledRequest("p", [1, 2], 0, [9], False, SamplingParams(), 0),  # a chunk, after
+        ScheduledRequest("b", [6], 17, [4, 5], False, SamplingParams(), 1),  # a prompt's last
+        ScheduledRequest("c", [8], 0, [7], True, SamplingParams(), 0, lora_id=3),
+    ]
+    inputs = build_step_inputs(step, 16, [None], torch.device("cpu"), paged_kernel=True)
+    assert inputs.input_ids.tolist() == [4, 6, 8, 1, 2]
+    assert inputs.positions.tolist() == [5, 17, 0, 0, 1]
+    assert inputs.meta.slot_mapping.tolist() == [2 * 16 + 5, 5 * 16 + 1, 7 * 16, 9 * 16, 9 * 16 + 1]
+    assert inputs.sample_rows.tolist() == [0, 2]
+    assert [s.request_id for s in inputs.sampled] == ["a", "c"]
+    assert inputs.lora_segments == [(3, 0, 1), (3, 2, 3)]
