@@ -16,7 +16,9 @@ For each shape and batch size (1 ... 256 streams of ~`--context` tokens):
 The default path on CUDA is in-place decode attention (a Triton kernel) with decode steps
 replayed as CUDA graphs; the same shapes run again at a few batches without graphs (keys
 `*_eager`) and with attention over gathered copies of the blocks and no graphs (`*_gathered`,
-`HEADRACE_TRITON_DECODE=0`): the eager path before both, measured in the same run.
+`HEADRACE_TRITON_DECODE=0`, `HEADRACE_TRITON_PREFILL=0`): the eager path before both,
+measured in the same run. Each shape also times `chunk_ms`: a prefill step of 512 tokens over
+1,536 cached ones (a chunked prompt's fourth chunk), read in place or gathered as the mode has it.
 Then the engine as served (continuous batching, scheduler and all, no HTTP) on the small shape:
 output tokens/s and TPOT with 1 / 16 / 64 / 256 requests of 64 tokens at once, and the join
 probe: a short request added beside 64 running streams, its wait to a first token against its
@@ -109,17 +111,22 @@ def _shape(
     Triton kernel and CUDA graphs), "eager" (no graphs) or "gathered" (decode attention over
     gathered copies of the blocks, no graphs: the eager baseline)."""
     tokens = max(batches) * (args.context + args.steps + 2)
-    os.environ["HEADRACE_TRITON_DECODE"] = "0" if mode == "gathered" else "1"
+    flags = ("HEADRACE_TRITON_DECODE", "HEADRACE_TRITON_PREFILL")
+    for flag in flags:
+        os.environ[flag] = "0" if mode == "gathered" else "1"
     try:  # read once, when the runner picks its attention path
         graphs = None if mode == "graphs" else False
         runner = random_runner(name, device, tokens, quick=args.quick, graphs=graphs)
     finally:
-        del os.environ["HEADRACE_TRITON_DECODE"]
+        for flag in flags:
+            del os.environ[flag]
     wbytes = weight_bytes(runner.model)
     out: dict[str, Any] = {
         "weight_bytes": wbytes,
         "decode_attention": "in place" if runner.paged_kernel else "gathered",
+        "prefill_attention": "in place" if runner.paged_prefill else "gathered",
         "graphs": bool(runner.decode_graphs and runner.decode_graphs.captured),
+        "chunk_ms": _chunk_ms(runner, 48 if args.quick else 1536, 16 if args.quick else 512),
         "levels": {},
     }
     for b in batches:
@@ -163,6 +170,25 @@ def _decode_ms(
         _sync(device)
         times.append(1000 * (time.perf_counter() - start))
     return harness, statistics.median(times)
+
+
+def _chunk_ms(runner: Any, context: int, chunk: int, repeats: int = 5) -> float:
+    """Median ms of a prefill step of `chunk` tokens after `context` cached ones."""
+    harness = RunnerHarness(runner)
+    gen = torch.Generator().manual_seed(context)
+    times = []
+    for r in range(repeats):
+        prompt = torch.randint(0, runner.vocab_size, (context + chunk,), generator=gen).tolist()
+        harness.add(f"c{r}", prompt, max_new=1, params=GREEDY, chunk=chunk)
+        while harness.seqs[f"c{r}"].num_computed < context:
+            harness.step()
+        _sync(runner.device)
+        start = time.perf_counter()
+        harness.step()
+        _sync(runner.device)
+        times.append(1000 * (time.perf_counter() - start))
+        harness.release(f"c{r}")
+    return round(statistics.median(times), 3)
 
 
 def _busy_share(harness: RunnerHarness, device: torch.device) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .whl carried (bench/gpu/fetch_wheels.sh):
-# installs the carried wheels, tests the Triton decode kernel, runs bench/gpu/device_bench.py,
+# installs the carried wheels, tests the Triton attention kernels, runs bench/gpu/device_bench.py,
 # the host's share of a step (bench/host_step.py), then the CUDA test legs. What it measures
 # lands in $OUT (h200.json, host_step.json, kernel.log, tests.log, bench.log). Budget: <= 8 min.
 set -uo pipefail
@@ -12,8 +12,9 @@ pip install -q --no-index --find-links .whl -r .whl/pins.txt ${NUMPY:+numpy} >>"
 export PYTHONPATH="$PWD/src:$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}"
 python -c 'import torch, headrace; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' \
   | tee -a "$OUT/bench.log"
-# the Triton decode kernel against float64 first: the paths below take it where it is right
-timeout 60 python -m pytest -q -x tests/kernels/test_paged_decode_triton.py >"$OUT/kernel.log" 2>&1
+# the Triton kernels against float64 first: the paths below take them where they are right
+timeout 90 python -m pytest -q -x tests/kernels/test_paged_decode_triton.py \
+  tests/kernels/test_paged_prefill_triton.py >"$OUT/kernel.log" 2>&1
 echo "kernel tests rc=$?" >>"$OUT/kernel.log"
 timeout 270 python bench/gpu/device_bench.py --out "$OUT/h200.json" >>"$OUT/bench.log" 2>&1 \
   || echo "device_bench failed or ran out of time (see bench.log)"
@@ -23,7 +24,7 @@ timeout 30 python bench/host_step.py --streams 1,64,256 >"$OUT/host_step.json" 2
 if python -c 'import transformers' 2>/dev/null; then  # the test models are built with it
   timeout 100 python -m pytest -q -x -k cuda tests/engine/runner/test_model_runner.py \
     tests/engine/runner/test_decode_graphs.py tests/engine/runner/test_staging.py \
-    tests/api/test_serve_cuda.py >"$OUT/tests.log" 2>&1; echo "tests rc=$?" >>"$OUT/tests.log"
+    tests/engine/kv/test_kv_cache.py tests/api/test_serve_cuda.py >"$OUT/tests.log" 2>&1; echo "tests rc=$?" >>"$OUT/tests.log"
 else
   echo "no transformers on this machine: the CUDA test legs did not run" >"$OUT/tests.log"
 fi

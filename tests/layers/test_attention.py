@@ -1,7 +1,10 @@
-"""Paged attention against dense causal attention, on scattered blocks, with GQA and windows."""
+"""Paged attention against dense causal attention, on scattered blocks, with GQA and windows;
+chunks over cached blocks gathered, or read in place by the Triton kernel (through Triton's
+interpreter on the CPU)."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -13,6 +16,9 @@ from headrace.engine.runner.step_inputs import build_step_inputs
 from headrace.kernels.paged_decode import supported
 from headrace.layers.attention import paged_attention
 from headrace.request import SamplingParams
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the prefill kernel is compiled
 
 HQ, HKV, D, BS, NUM_BLOCKS = 4, 2, 8, 4, 64
 SCALE = D**-0.5
@@ -33,11 +39,18 @@ def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None)
     return o.transpose(0, 1).flatten(1)
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["gathered-chunks", "in-place-chunks"])
 @pytest.mark.parametrize("paged_kernel", [False, True], ids=["torch", "kernel"])
 @pytest.mark.parametrize("window", [None, 5])
-def test_chunks_and_decodes_match_dense(window: int | None, paged_kernel: bool) -> None:
+def test_chunks_and_decodes_match_dense(
+    window: int | None, paged_kernel: bool, in_place: bool
+) -> None:
     if paged_kernel and not supported(torch.device("cpu"), torch.float32):
         pytest.skip("no C compiler: CPU kernels unavailable")
+    if in_place:
+        pytest.importorskip("triton")
+        if torch.cuda.is_available():  # CPU tensors need the interpreter, which a GPU box skips
+            pytest.skip("tested on the device by tests/kernels/test_paged_prefill_triton.py")
     gen = torch.Generator().manual_seed(0)
     rng = random.Random(0)
     lengths = [1, 6, 13, 20]
@@ -69,8 +82,11 @@ def test_chunks_and_decodes_match_dense(window: int | None, paged_kernel: bool) 
                 )
         # both windows' views in one step, as for Gemma's layers: the kernel's one table
         inputs = build_step_inputs(
-            sched, BS, [5, None], torch.device("cpu"), paged_kernel=paged_kernel
-        )
+            sched, BS, [5, None], torch.device("cpu"), paged_kernel=paged_kernel,
+            paged_prefill=in_place,
+        )  # fmt: skip
+        views = [v for c in inputs.meta.prefills for v in c.views.values()]
+        assert all((v.mask is None) == in_place for v in views)
         order = [int(r.request_id) for r in inputs.sampled]  # the batch's row order
         rows = [
             (i, done[i], done[i] + len(r.token_ids))

@@ -8,8 +8,9 @@ tokens live in the blocks of its block table. Each step, new K/V go to their slo
   (no compiler, no Triton) by SDPA over their gathered blocks, masked by context length (and
   window);
 * each multi-token chunk (prefill) attends on its own: a chunk that starts its sequence in
-  bf16 on the CPU through blocked matmuls (causal_attention.py), others with
-  `scaled_dot_product_attention`.
+  bf16 on the CPU through blocked matmuls (causal_attention.py); one over cached blocks on
+  CUDA through a kernel that reads them in place (kernels/paged_prefill.py); others with
+  `scaled_dot_product_attention`, over the gathered blocks where the chunk reads the cache.
 
 `AttentionMetadata` is built once per step (see `engine/runner/step_inputs.py`) and shared by
 layers.
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from headrace.kernels.paged_decode import paged_decode
+from headrace.kernels.paged_prefill import paged_prefill
 from headrace.layers.causal_attention import causal_attention, use_blocked
 
 Window = int | None  # None: full attention
@@ -33,7 +35,8 @@ class KVView:
     """Which cache blocks a query group reads, and which of their slots it may see."""
 
     block_table: torch.Tensor  # [B, num_blocks] (decode) or [num_blocks] (prefill), int64
-    # True = attend (or additive 0 / -inf): [B, 1, 1, L] (decode) or [q_len, L] (prefill)
+    # True = attend (or additive 0 / -inf): [B, 1, 1, L] (decode) or [q_len, L] (prefill);
+    # None for a prefill: the in-place kernel, over the table from the sequence's first block
     mask: torch.Tensor | None
     # decode through the in-place kernel instead of a mask: [3, B] int64 (base, lo, hi), see
     # kernels/paged_decode.py
@@ -48,6 +51,7 @@ class PrefillChunk:
     end: int
     # window -> view over the cache; absent when the chunk attends only to itself causally
     views: dict[Window, KVView] = field(default_factory=dict)
+    start_pos: int = 0  # the position of its first token
 
 
 @dataclass
@@ -91,7 +95,12 @@ def paged_attention(
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.end)
         view = chunk.views.get(window)
-        out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, view, scale)
+        if view is not None and view.mask is None:  # in place (kernels/paged_prefill.py)
+            out[rows] = paged_prefill(
+                q[rows], k_cache, v_cache, view.block_table, chunk.start_pos, window, scale
+            )
+        else:
+            out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, view, scale)
     return out.flatten(1)
 
 

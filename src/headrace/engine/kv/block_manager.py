@@ -20,6 +20,11 @@ from headrace.engine.kv.prefix_cache import BlockHash, PrefixCache, block_hash, 
 _EPOCHS = itertools.count(1)
 
 
+def new_table_epoch() -> int:
+    """An epoch no table of this process had: for whoever hands a runner block tables."""
+    return next(_EPOCHS)
+
+
 def blocks_for(num_tokens: int, block_size: int) -> int:
     """Blocks needed to hold `num_tokens` KV entries."""
     return -(-num_tokens // block_size)
@@ -110,7 +115,7 @@ class BlockManager:
         new = [self._take() for _ in range(need)]
         if request_id not in self._tables:
             self._tables[request_id] = []
-            self._epochs[request_id] = next(_EPOCHS)
+            self._epochs[request_id] = new_table_epoch()
         self._tables[request_id].extend(new)
         return new
 
@@ -138,7 +143,7 @@ class BlockManager:
         extra = table[keep:]
         del table[keep:]
         if extra:
-            self._epochs[request_id] = next(_EPOCHS)
+            self._epochs[request_id] = new_table_epoch()
         for block in reversed(extra):
             self._refs[block] -= 1
             if self._refs[block] == 0:
@@ -175,7 +180,7 @@ class BlockManager:
             parent = h
         if table:
             self._tables[request_id] = table
-            self._epochs[request_id] = next(_EPOCHS)
+            self._epochs[request_id] = new_table_epoch()
             self._chains[request_id] = chain
         return len(table) * bs
 

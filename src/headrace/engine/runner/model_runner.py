@@ -30,6 +30,7 @@ from headrace.engine.runner.step_inputs import StepInputs, build_step_inputs
 from headrace.engine.runner.structured import GrammarMasks
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.paged_decode import supported as paged_decode_supported
+from headrace.kernels.paged_prefill import supported as paged_prefill_supported
 from headrace.loader.cache import resolve_model
 from headrace.loader.files import read_json
 from headrace.loader.hf import load_model
@@ -161,6 +162,7 @@ class ModelRunner:
         args = self.model.args
         shape = (args.num_heads, args.num_kv_heads, args.head_dim, self.block_size)
         self.paged_kernel = paged_decode_supported(self.device, self.dtype, shape)
+        self.paged_prefill = paged_prefill_supported(self.device, self.dtype, shape)  # CUDA
         self.per_token_attention = deterministic and self.paged_kernel
         if deterministic and not self.paged_kernel:
             log.warning("--deterministic: no paged decode kernel here; attention is not per token")
@@ -229,6 +231,7 @@ class ModelRunner:
             self.device,
             self.dtype,
             paged_kernel=paged,
+            paged_prefill=self.paged_prefill,
             per_token=self.per_token_attention,
             block_rows=self.block_rows,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from headrace.engine.kv.block_manager import new_table_epoch
 from headrace.engine.outputs import ScheduledRequest, SchedulerOutput
 from headrace.engine.runner.model_runner import ModelRunner
 from headrace.request import SamplingParams
@@ -23,7 +24,8 @@ class HarnessSeq:
     lora_id: int = 0  # the runner's id of its LoRA adapter (0: the base model)
     output: list[int] = field(default_factory=list)
     num_computed: int = 0
-    blocks: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)  # only ever grows: one epoch throughout
+    epoch: int = field(default_factory=new_table_epoch)
 
     @property
     def tokens(self) -> list[int]:
@@ -39,6 +41,7 @@ class RunnerHarness:
         self.runner = runner
         self.free = list(range(runner.num_kv_blocks - 1, -1, -1))
         self.seqs: dict[str, HarnessSeq] = {}
+        self._released: list[str] = []  # told to the runner with the next step
 
     def add(
         self,
@@ -70,6 +73,7 @@ class RunnerHarness:
             params=seq.params,
             num_output_tokens=len(seq.output),
             lora_id=seq.lora_id,
+            table_epoch=seq.epoch,
         )
 
     def step(self, only: list[str] | None = None) -> dict[str, int]:
@@ -78,7 +82,9 @@ class RunnerHarness:
             s for s in self.seqs.values() if not s.done and (only is None or s.request_id in only)
         ]
         scheduled = [self.schedule(s) for s in live]
-        result = self.runner.execute(SchedulerOutput(scheduled))
+        result = self.runner.execute(SchedulerOutput(scheduled, self._released))
+        if scheduled:  # an empty step is not run (nor told anything)
+            self._released = []
         for s, sched in zip(live, scheduled, strict=True):
             s.num_computed += len(sched.token_ids)
             if sched.request_id in result.sampled:
@@ -93,6 +99,7 @@ class RunnerHarness:
     def release(self, request_id: str) -> None:
         seq = self.seqs.pop(request_id)
         self.free.extend(reversed(seq.blocks))
+        self._released.append(request_id)
 
 
 def greedy(

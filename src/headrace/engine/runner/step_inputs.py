@@ -43,20 +43,23 @@ def build_step_inputs(
     paged_kernel: bool = False,
     per_token: bool = False,
     block_rows: BlockRows | None = None,
+    paged_prefill: bool = False,
 ) -> StepInputs:
     """`mask_dtype`: decode masks as additive float masks of the queries' dtype, converted once
     here rather than by every layer's attention call (None: boolean masks). `paged_kernel`:
     decodes get the bounds of the in-place kernel instead of masks. `per_token` (with
     `paged_kernel`): every token attends as a decode of its own, over the cache up to itself,
     so its attention is the same however its sequence was chunked, cached or drafted.
-    `block_rows`: the runner's decode table rows, kept between steps (None: built afresh)."""
+    `block_rows`: the runner's decode table rows, kept between steps (None: built afresh).
+    `paged_prefill`: a chunk over cached blocks reads them in place (a table, no mask)."""
     decodes = [s for s in scheduled if len(s.token_ids) == 1]
     chunks = [s for s in scheduled if len(s.token_ids) > 1]
     ordered, num_decodes = decodes + chunks, len(decodes)
     tokenwise = per_token and paged_kernel
     if tokenwise:
         decodes = [_token_of(s, i) for s in ordered for i in range(len(s.token_ids))]
-    rows = _lay_out(ordered, num_decodes, block_size, windows, device, tokenwise)
+    in_place = paged_prefill and not tokenwise
+    rows = _lay_out(ordered, num_decodes, block_size, windows, device, tokenwise, in_place)
     staging = Staging()
     for part in (rows.slots, rows.ids, rows.positions, rows.sample_rows, rows.draft_rows):
         staging.add(part, (len(part),))
@@ -104,6 +107,7 @@ def _lay_out(
     windows: Sequence[Window],
     device: torch.device,
     tokenwise: bool,
+    in_place: bool = False,
 ) -> _Rows:
     """The step's rows: its decodes (the first `num_decodes` of `ordered`, a token each) a
     field at a time, then the chunks request after request, inline: it runs every step."""
@@ -120,8 +124,10 @@ def _lay_out(
             positions.append(pos)
             slots.append(req.block_ids[pos // block_size] * block_size + pos % block_size)
         if n > 1 and not tokenwise:
-            views = {w: v for w in windows if (v := _prefill_view(req, block_size, w, device))}
-            prefills.append(PrefillChunk(start, start + n, views))
+            views = {
+                w: v for w in windows if (v := _prefill_view(req, block_size, w, device, in_place))
+            }
+            prefills.append(PrefillChunk(start, start + n, views, req.start_pos))
         if req.sample:
             last = start + n - 1 - len(req.draft_token_ids)  # the last known token's row
             sample_rows.append(last)
@@ -223,12 +229,16 @@ def _masked_views(
 
 
 def _prefill_view(
-    req: ScheduledRequest, block_size: int, window: Window, device: torch.device
+    req: ScheduledRequest, block_size: int, window: Window, device: torch.device, in_place: bool
 ) -> KVView | None:
-    """Cache view of one chunk, or None when causal attention over the chunk itself suffices."""
+    """Cache view of one chunk, or None when causal attention over the chunk itself suffices.
+    `in_place`: the sequence's blocks from its first, for the kernel (which masks itself)."""
     s, n = req.start_pos, len(req.token_ids)
     if s == 0 and (window is None or n <= window):
         return None
+    if in_place:
+        blocks = req.block_ids[: (s + n - 1) // block_size + 1]
+        return KVView(torch.tensor(blocks, dtype=torch.int64).to(device), None)
     first = _first_block(s, block_size, window)
     last_block = (s + n - 1) // block_size
     table = torch.tensor(req.block_ids[first : last_block + 1], dtype=torch.int64)
