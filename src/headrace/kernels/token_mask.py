@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from headrace.kernels.build import cpu_kernels
+from headrace.kernels.host_copy import to_device
 
 _NAMES = {torch.bfloat16: "token_mask_bf16", torch.float32: "token_mask_f32"}
 _BITS = torch.arange(32, dtype=torch.int32)
@@ -37,6 +38,8 @@ def mask_tokens(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) ->
 def _torch_mask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
     allowed = (bitmask.unsqueeze(-1) >> _BITS) & 1  # [R, W, 32]
     allowed = allowed.reshape(len(rows), -1)[:, : logits.shape[1]].bool()  # [R, V]
-    index = torch.tensor(rows, device=logits.device)
-    masked = logits.index_select(0, index).masked_fill(~allowed.to(logits.device), -torch.inf)
+    index = to_device(rows, logits.device, torch.int64)
+    masked = logits.index_select(0, index).masked_fill(
+        ~to_device(allowed, logits.device), -torch.inf
+    )
     logits.index_copy_(0, index, masked)

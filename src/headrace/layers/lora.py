@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from headrace.kernels import lora_sgmv
+from headrace.kernels.host_copy import to_device
 
 Rows = slice | torch.Tensor  # contiguous rows, or an int64 index [n]
 # lora_sgmv's view of a step: adapter ids in group order, every adapter row [P] int64, where
@@ -111,8 +112,11 @@ class LoraDelta:
         if stacked not in self.batch.slots:
             slot = {adapter_id: i for i, adapter_id in enumerate(stacked)}
             keep = [k for k, i in enumerate(ids) if i in slot]  # adapters on this projection
-            slots = torch.tensor([slot[ids[k]] for k in keep], device=rows.device)
-            self.batch.slots[stacked] = (rows if len(keep) == len(ids) else rows[keep], slots)
+            slots = to_device([slot[ids[k]] for k in keep], rows.device, torch.int64)
+            kept = (
+                rows if len(keep) == len(ids) else rows[to_device(keep, rows.device, torch.int64)]
+            )
+            self.batch.slots[stacked] = (kept, slots)
         rows, slots = self.batch.slots[stacked]
         a, b = a_all.index_select(0, slots), b_all.index_select(0, slots)  # [n, in, R], [n, R, out]
         term = torch.bmm(torch.bmm(x.index_select(0, rows).unsqueeze(1), a), b)  # [n, 1, out]

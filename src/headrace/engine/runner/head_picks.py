@@ -36,6 +36,7 @@ from headrace.engine.runner.screened_sampler import VNNI_MAX_ROWS, ScreenedSampl
 from headrace.engine.runner.structured import GrammarEnds, GrammarMasks
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.build import switched_on
+from headrace.kernels.host_copy import to_device
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.int8_head import supported as int8_head_supported
 from headrace.kernels.int8_screen import MIN_ROWS
@@ -180,10 +181,10 @@ def after_drafts(
     drawn_set = set(drawn)
     greedy = [n for n in range(len(rows)) if n not in drawn_set]
     if greedy:
-        index = torch.tensor(greedy, device=logits.device)
+        index = to_device(greedy, logits.device, torch.int64)
         for n, t in zip(greedy, argmax_rows(logits[index]).tolist(), strict=True):
             picks[n] = int(t)
-    index = torch.tensor(drawn, device=logits.device)
+    index = to_device(drawn, logits.device, torch.int64)
     reqs = [owners[rows[n]][0] for n in drawn]
     ahead = [owners[rows[n]][1] for n in drawn]
     for n, t in zip(drawn, sampler.draw_after_drafts(logits[index], reqs, ahead), strict=True):

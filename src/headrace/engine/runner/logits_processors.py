@@ -16,6 +16,7 @@ from itertools import chain
 import torch
 
 from headrace.engine.outputs import LogitsInputs, ScheduledRequest
+from headrace.kernels.host_copy import to_device
 
 Pairs = tuple[torch.Tensor, torch.Tensor]  # rows [P], tokens [P] (int64)
 
@@ -61,7 +62,7 @@ def repetition_penalty(
     rows, toks, _ = distinct_pairs(ids, logits.shape[1], logits.device)
     if rows.numel() == 0:
         return
-    r = torch.tensor(penalties, dtype=logits.dtype, device=logits.device)[rows]  # [P]
+    r = to_device(penalties, logits.device, logits.dtype)[rows]  # [P]
     values = logits[rows, toks]  # [P]
     logits[rows, toks] = torch.where(values > 0, values / r, values * r)
 
@@ -78,8 +79,8 @@ def frequency_presence(
     rows, toks, counts = distinct_pairs(ids, logits.shape[1], logits.device)
     if rows.numel() == 0:
         return
-    f = torch.tensor(frequency, dtype=logits.dtype, device=logits.device)[rows]  # [P]
-    p = torch.tensor(presence, dtype=logits.dtype, device=logits.device)[rows]  # [P]
+    f = to_device(frequency, logits.device, logits.dtype)[rows]  # [P]
+    p = to_device(presence, logits.device, logits.dtype)[rows]  # [P]
     logits.index_put_((rows, toks), -(counts.to(logits.dtype) * f + p), accumulate=True)
 
 
@@ -92,7 +93,7 @@ def add_logit_bias(logits: torch.Tensor, biases: list[tuple[tuple[int, float], .
         return
     rows, toks, values = zip(*entries, strict=True)
     index = _long(rows, logits.device), _long(toks, logits.device)
-    bias = torch.tensor(values, dtype=logits.dtype, device=logits.device)  # [P]
+    bias = to_device(values, logits.device, logits.dtype)  # [P]
     logits.index_put_(index, bias, accumulate=True)
 
 
@@ -104,7 +105,7 @@ def ban(logits: torch.Tensor, banned: list[list[int]]) -> None:
         return
     rows, toks = zip(*entries, strict=True)
     index = _long(rows, logits.device), _long(toks, logits.device)
-    logits.index_put_(index, torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+    logits.index_put_(index, logits.new_full((), float("-inf")))  # a fill, not a copy
 
 
 def bad_word_bans(output: list[int], words: tuple[tuple[int, ...], ...]) -> list[int]:
@@ -130,10 +131,10 @@ def distinct_pairs(
         return empty, empty, empty
     toks = torch.tensor(flat, dtype=torch.int64)  # [N]
     rows = torch.repeat_interleave(torch.arange(len(ids)), torch.tensor(lengths))  # [N]
-    keys = (rows * vocab + toks)[toks < vocab].to(device)  # [N']
+    keys = to_device((rows * vocab + toks)[toks < vocab], device)  # [N']
     unique, counts = torch.unique(keys, return_counts=True)  # [P]
     return unique // vocab, unique % vocab, counts
 
 
 def _long(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)
+    return to_device(values, device, torch.int64)

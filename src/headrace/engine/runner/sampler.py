@@ -25,6 +25,7 @@ from headrace.engine.runner.logits_processors import apply_processors
 from headrace.engine.runner.top_p import top_p_sets
 from headrace.kernels import sample_draw
 from headrace.kernels.argmax import argmax_rows
+from headrace.kernels.host_copy import to_device
 from headrace.request import GREEDY_BELOW_TEMPERATURE
 
 
@@ -46,7 +47,7 @@ class Sampler:
         processed = [i for i, r in enumerate(requests) if r.logits_inputs is not None]
         tokens = self._choose(logits, requests, skip=processed)  # [S]
         if processed:
-            rows = torch.tensor(processed, device=logits.device)
+            rows = to_device(processed, logits.device, torch.int64)
             subset = [requests[i] for i in processed]
             every = len(processed) == len(requests)
             own = logits.float() if every else logits.index_select(0, rows).float()
@@ -80,9 +81,9 @@ class Sampler:
         greedy = [i for i in range(len(requests)) if i not in drawn_set]
         tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
         if greedy:
-            rows = torch.tensor(greedy, device=logits.device)
+            rows = to_device(greedy, logits.device, torch.int64)
             tokens[rows] = argmax_rows(logits.index_select(0, rows))
-        rows = torch.tensor(drawn, device=logits.device)
+        rows = to_device(drawn, logits.device, torch.int64)
         sub = logits if len(drawn) == len(logits) else logits.index_select(0, rows)
         tokens[rows] = self._draw(sub, [requests[i] for i in drawn])
         return tokens
@@ -119,7 +120,7 @@ class Sampler:
 
 def _cut(logits: torch.Tensor, reqs: list[ScheduledRequest], temps: list[float]) -> torch.Tensor:
     """[R, V] float32: each row's logits over its temperature, min_p and top_k applied."""
-    x = logits.float() / torch.tensor(temps, device=logits.device)[:, None]
+    x = logits.float() / to_device(temps, logits.device, torch.float32)[:, None]
     x = _min_p(x, [r.params.min_p for r in reqs])
     return _top_k(x, [r.params.top_k for r in reqs])
 
@@ -128,15 +129,15 @@ def _draw_torch(x: torch.Tensor, ps: list[float], uniforms: list[float]) -> torc
     """x [R, V] float32 -> [R] token ids: top_p.py's sets, then the inverse CDF."""
     device = x.device
     sets = top_p_sets(x, ps)
-    u = torch.tensor(uniforms, device=device, dtype=torch.float32)
+    u = to_device(uniforms, device, torch.float32)
     if sets is None:
         return _inverse_cdf(x, u)
     tokens = torch.empty(len(x), dtype=torch.int64, device=device)
-    rows = torch.tensor(sets.rows, device=device)
+    rows = to_device(sets.rows, device, torch.int64)
     picks = _inverse_cdf(sets.logits, u[rows])  # a top_p row: from its set alone
     tokens[rows] = sets.ids.gather(1, picks[:, None]).squeeze(1)
     if len(sets.rows) < len(x):
-        rest = torch.tensor(sorted(set(range(len(x))) - set(sets.rows)), device=device)
+        rest = to_device(sorted(set(range(len(x))) - set(sets.rows)), device, torch.int64)
         tokens[rest] = _inverse_cdf(x.index_select(0, rest), u[rest])
     return tokens
 
@@ -158,10 +159,10 @@ def _min_p(x: torch.Tensor, ps: list[float]) -> torch.Tensor:
     rows = [i for i, p in enumerate(ps) if p > 0]
     if not rows:
         return x
-    index = torch.tensor(rows, device=x.device)
+    index = to_device(rows, x.device, torch.int64)
     sub = x.index_select(0, index)  # [R', V]
     probs = torch.softmax(sub, dim=-1)
-    p = torch.tensor([ps[i] for i in rows], device=x.device, dtype=probs.dtype)[:, None]
+    p = to_device([ps[i] for i in rows], x.device, probs.dtype)[:, None]
     floor = p * probs.max(dim=-1, keepdim=True).values  # [R', 1]
     x[index] = sub.masked_fill(probs < floor, float("-inf"))
     return x
@@ -175,8 +176,8 @@ def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:
     k_max = max(k for k in ks if 0 < k < vocab)
     top = torch.topk(x, k_max, dim=-1).values  # [R, k_max]
     k_idx = torch.tensor([min(k, k_max) - 1 if 0 < k < vocab else k_max - 1 for k in ks])
-    kth = top.gather(1, k_idx.to(x.device)[:, None])  # [R, 1]
-    active = torch.tensor([0 < k < vocab for k in ks], device=x.device)[:, None]
+    kth = top.gather(1, to_device(k_idx, x.device)[:, None])  # [R, 1]
+    active = to_device([0 < k < vocab for k in ks], x.device, torch.bool)[:, None]
     return x.masked_fill(active & (x < kth), float("-inf"))
 
 
@@ -188,9 +189,9 @@ def _logprobs(
     wanted = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
     if not wanted:
         return out
-    rows = torch.tensor(wanted, device=logits.device)
+    rows = to_device(wanted, logits.device, torch.int64)
     lp = torch.log_softmax(logits.index_select(0, rows).float(), dim=-1)  # [W, V]
-    picks = torch.tensor([chosen[i] for i in wanted], device=lp.device)
+    picks = to_device([chosen[i] for i in wanted], lp.device, torch.int64)
     n_max = max(requests[i].params.logprobs or 0 for i in wanted)
     values, ids = lp.topk(n_max, dim=-1)  # [W, n_max] each, largest first
     # one copy to the host for all rows (ids are exact in float64), not three a request

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from headrace.kernels.host_copy import to_device
+
 
 class Staging:
     """Collects int64 parts; `send` returns them as tensors on the device, in order."""
@@ -61,10 +63,5 @@ class Staging:
             host = torch.frombuffer(self._values, dtype=torch.int64)  # shares the array
         else:
             host = torch.empty(0, dtype=torch.int64)
-        if device.type == "cuda":
-            # pinned, so the copy is queued behind the step's work instead of waiting for it;
-            # torch keeps the pinned block until the copy that reads it has run
-            buffer = host.pin_memory().to(device, non_blocking=True)
-        else:
-            buffer = host.to(device)  # the CPU: the same memory
+        buffer = to_device(host, device)  # on the CPU the same memory
         return [buffer[s : s + math.prod(shape)].view(shape) for s, shape in self._parts]

@@ -18,6 +18,7 @@ import torch
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.block_rows import BlockRows
 from headrace.engine.runner.staging import Staging
+from headrace.kernels.host_copy import to_device
 from headrace.layers.attention import AttentionMetadata, KVView, PrefillChunk, Window
 
 
@@ -224,7 +225,7 @@ def _masked_views(
         mask = mask[:, None, None, :]  # [B, 1, 1, L]
         if mask_dtype is not None:
             mask = torch.zeros(mask.shape, dtype=mask_dtype).masked_fill(~mask, float("-inf"))
-        views[window] = KVView(table.to(device), mask.to(device))
+        views[window] = KVView(to_device(table, device), to_device(mask, device))
     return views
 
 
@@ -238,7 +239,7 @@ def _prefill_view(
         return None
     if in_place:
         blocks = req.block_ids[: (s + n - 1) // block_size + 1]
-        return KVView(torch.tensor(blocks, dtype=torch.int64).to(device), None)
+        return KVView(to_device(blocks, device, torch.int64), None)
     first = _first_block(s, block_size, window)
     last_block = (s + n - 1) // block_size
     table = torch.tensor(req.block_ids[first : last_block + 1], dtype=torch.int64)
@@ -247,4 +248,4 @@ def _prefill_view(
     mask = kv_pos[None, :] <= q_pos
     if window is not None:
         mask &= kv_pos[None, :] > q_pos - window
-    return KVView(table.to(device), mask.to(device))
+    return KVView(to_device(table, device), to_device(mask, device))

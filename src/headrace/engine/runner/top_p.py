@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from headrace.kernels.host_copy import to_device
+
 TOP_P_FIRST = 1024  # the least partial sort of a row
 BUCKETS_PER_NAT = 4 / math.log(2)  # quarter octaves of probability
 
@@ -43,7 +45,7 @@ def top_p_mask(x: torch.Tensor, ps: list[float]) -> torch.Tensor:
     if sets is None:
         return x
     out = x.clone()
-    rows = torch.tensor(sets.rows, device=x.device)
+    rows = to_device(sets.rows, x.device, torch.int64)
     out[rows] = float("-inf")
     flat = (rows[:, None] * x.shape[1] + sets.ids).flatten()
     real = sets.logits.flatten() > float("-inf")
@@ -56,7 +58,7 @@ def top_p_sets(x: torch.Tensor, ps: list[float]) -> TopPSets | None:
     rows = [i for i, p in enumerate(ps) if p < 1.0]
     if not rows:
         return None
-    sub = x if len(rows) == len(x) else x.index_select(0, torch.tensor(rows, device=x.device))
+    sub = x if len(rows) == len(x) else x.index_select(0, to_device(rows, x.device, torch.int64))
     return _by_topk(rows, sub, ps)
 
 
@@ -67,7 +69,7 @@ def _by_topk(rows: list[int], sub: torch.Tensor, ps: list[float]) -> TopPSets:
     top = sub.amax(dim=-1, keepdim=True)  # [R', 1]
     # float32's cascade sum: ~1e-7 of the mass, inside the 1e-6 rule
     total = torch.exp(sub - top).sum(dim=-1).double()  # [R'] in units of the largest's
-    goal = torch.tensor([ps[i] for i in rows], device=x.device, dtype=torch.float64) * total
+    goal = to_device([ps[i] for i in rows], x.device, torch.float64) * total
     slack = 1e-6 * total
     vals, ids = sub.topk(min(vocab, TOP_P_FIRST), dim=-1)  # [R', K]
     mass = torch.exp(vals.double() - top.double())
