@@ -9,20 +9,11 @@ nobody owns is free: never used, or parked in the prefix cache until an allocati
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter, deque
 from collections.abc import Sequence
 
 from headrace.engine.kv.prefix_cache import BlockHash, PrefixCache, block_hash, root_hash
-
-# One count for the process, not one per block manager: a runner may serve several in turn
-# (the offline LLM, the tests) and must never see one epoch stand for two tables.
-_EPOCHS = itertools.count(1)
-
-
-def new_table_epoch() -> int:
-    """An epoch no table of this process had: for whoever hands a runner block tables."""
-    return next(_EPOCHS)
+from headrace.engine.kv.table_epochs import new_table_epoch
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -39,9 +30,7 @@ class BlockManager:
         self._free: deque[int] = deque(range(num_blocks))  # unowned and not cached
         self._refs = [0] * num_blocks
         self._tables: dict[str, list[int]] = {}
-        # A table's epoch changes whenever it changes other than by blocks added at its end, so
-        # that a reader who kept a copy knows when appending the new blocks is not enough.
-        self._epochs: dict[str, int] = {}
+        self._epochs: dict[str, int] = {}  # new whenever a table changes but at its end
         self.cache = PrefixCache() if enable_caching else None
         self._chains: dict[str, list[BlockHash]] = {}  # hashes of each table's cached head
         # Full prompt blocks that running requests are computing: a request that needs one of
@@ -104,11 +93,8 @@ class BlockManager:
         return (have + self.num_free_blocks) * self.block_size
 
     def allocate(self, request_id: str, num_tokens: int) -> list[int] | None:
-        """Grow the request's table to cover `num_tokens` tokens.
-
-        Returns the newly added blocks (possibly none), or `None` — changing nothing — when
-        the free pool is too small.
-        """
+        """Grow the request's table to cover `num_tokens` tokens: the blocks added (possibly
+        none), or `None` — changing nothing — when the free pool is too small."""
         need = self.blocks_needed(request_id, num_tokens)
         if need > self.num_free_blocks:
             return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from headrace.engine.kv.block_manager import new_table_epoch
+from headrace.engine.kv.table_epochs import new_table_epoch
 from headrace.engine.outputs import ScheduledRequest, SchedulerOutput
 from headrace.engine.runner.model_runner import ModelRunner
 from headrace.request import SamplingParams
