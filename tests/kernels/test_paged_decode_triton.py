@@ -24,18 +24,22 @@ DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 
-def run(case: tuple[torch.Tensor, ...], scale: float) -> torch.Tensor:
+def run(case: tuple[torch.Tensor, ...], scale: float, splits: int = 1) -> torch.Tensor:
     q, kc, vc, table, bounds = (t.to(DEVICE) for t in case)
-    return paged_decode_triton(q, kc, vc, table, bounds, scale).cpu()
+    return paged_decode_triton(q, kc, vc, table, bounds, scale, splits).cpu()
 
 
 @pytest.mark.parametrize(("hq", "hkv", "d"), SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize(
     "dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"]
 )
-def test_kernel_matches_gathered_attention(hq: int, hkv: int, d: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("splits", [1, 3], ids=["whole", "3-spans"])
+def test_kernel_matches_gathered_attention(
+    hq: int, hkv: int, d: int, dtype: torch.dtype, splits: int
+) -> None:
+    # 3 spans: sequences of 1 and 5 positions leave spans empty, 300 cuts mid-block
     case, want = make_case(hq, hkv, d, dtype)
-    got = run(case, d**-0.5)
+    got = run(case, d**-0.5, splits)
     assert got.dtype == dtype and got.shape == case[0].shape
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)

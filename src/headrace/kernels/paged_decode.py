@@ -56,7 +56,7 @@ def supported(
 
 def _probe(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int, int]) -> bool:
     """The Triton kernel on two sequences of `shape` (three blocks each, one partial, one
-    starting mid-table) against `reference` (float64)."""
+    starting mid-table), whole and split into spans, against `reference` (float64)."""
     try:
         from headrace.kernels.paged_decode_triton import paged_decode_triton
     except ImportError as e:
@@ -73,8 +73,12 @@ def _probe(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int,
     want = reference(q.double(), kc.double(), vc.double(), table, bounds, scale)
     try:
         qd, kd, vd = (t.to(device, dtype) for t in (q, kc, vc))
-        got = paged_decode_triton(qd, kd, vd, table.to(device), bounds.to(device), scale)
-        ok = torch.allclose(got.double().cpu(), want, atol=3e-2, rtol=3e-2)
+        ok = True
+        for splits in (1, 3):  # a batch that fills the device, and one cut into spans
+            got = paged_decode_triton(
+                qd, kd, vd, table.to(device), bounds.to(device), scale, splits
+            )
+            ok = ok and torch.allclose(got.double().cpu(), want, atol=3e-2, rtol=3e-2)
     except Exception as e:  # a compiler or launch failure: the gathered path still serves
         log.warning("Triton decode attention failed on %s (%s): gathering the cache", device, e)
         return False

@@ -9,10 +9,17 @@ batch and the table's width, so a step can be replayed as a graph. It reads only
 [lo, hi) of each sequence, where they lie: no copy, no mask, and never a slot that was not
 written (blocks need no zeroing for it).
 
-One program per (sequence, KV head): the G query heads that share the KV head are the rows
-of one tile (padded to 16, `tl.dot`'s smallest), positions are visited BLOCK_N at a time
+One program per (sequence, KV head, split): the G query heads that share the KV head are the
+rows of one tile (padded to 16, `tl.dot`'s smallest), positions are visited BLOCK_N at a time
 with an online softmax in fp32 (as FlashAttention's), each position's slot read from the
 block table, so any block size works.
+
+Splits (flash-decoding): with few sequences, (sequence, KV head) pairs alone leave most of a
+GPU's multiprocessors idle (Gemma 3 270M has one KV head: at batch 1, one program read the
+whole context). Then each pair's positions are cut into `splits` equal spans, one program
+each; a program writes its span's running max, sum and weighted values, and a few torch ops
+combine the spans (each weighted by exp(its max - the largest)). The number of splits depends
+only on the batch, the KV heads and the device, so a captured graph replays the same launch.
 
 Shapes: q [B, Hq, D]; k_cache, v_cache [N, bs, Hkv, D]; block_table [B, nb] int64;
 bounds [3, B] int64 on q's device -> [B, Hq, D] in q's dtype. Tested on the CPU through
@@ -30,22 +37,29 @@ import triton
 import triton.language as tl
 
 BLOCK_N = 32  # positions a loop turn; tl.dot needs 16 or more
+MAX_SPLITS = 16
 
 
 @triton.jit  # type: ignore[untyped-decorator]  # triton's decorator is untyped
 def _decode_kernel(  # type: ignore[no-untyped-def]
-    q_ptr, k_ptr, v_ptr, table_ptr, base_ptr, lo_ptr, hi_ptr, out_ptr, table_width, scale,
+    q_ptr, k_ptr, v_ptr, table_ptr, base_ptr, lo_ptr, hi_ptr, out_ptr, m_ptr, l_ptr,
+    table_width, scale,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
     # One kernel body, long on purpose: the online softmax's state lives in registers across
     # the loop over blocks, which a split into helpers would only pass around.
     b = tl.program_id(0)
     h = tl.program_id(1)
+    split = tl.program_id(2)
     base = tl.load(base_ptr + b).to(tl.int32)  # positions: int32 loop bounds, as Triton likes
     lo = tl.load(lo_ptr + b).to(tl.int32)
     hi = tl.load(hi_ptr + b).to(tl.int32)
+    if SPLITS > 1:  # this program's span of [lo, hi); a span may be empty
+        span = tl.cdiv(hi - lo, SPLITS)
+        lo = tl.minimum(lo + split * span, hi)
+        hi = tl.minimum(lo + span, hi)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
@@ -79,12 +93,27 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m = m_new
-    out = acc / l_sum[:, None]
-    tl.store(out_ptr + q_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), q_mask)
+    if SPLITS == 1:
+        out = acc / l_sum[:, None]
+        tl.store(out_ptr + q_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), q_mask)
+    else:  # the span's state, [B, HKV, SPLITS, G] (and x D for the values), in fp32
+        part = ((b * HKV + h) * SPLITS + split) * G + g
+        tl.store(out_ptr + part[:, None] * D + d[None, :], acc, q_mask)
+        tl.store(m_ptr + part, m, g < G)
+        tl.store(l_ptr + part, l_sum, g < G)
 
 
 def _at_least_16(n: int) -> int:
     return max(16, int(triton.next_power_of_2(n)))
+
+
+def splits_for(batch: int, kv_heads: int, device: torch.device) -> int:
+    """Spans a sequence's positions are cut into: enough programs for every multiprocessor
+    twice over, at most MAX_SPLITS; 1 off CUDA (the interpreter) and for a full batch."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(MAX_SPLITS, 2 * sms // (batch * kv_heads)))
 
 
 def paged_decode_triton(
@@ -94,21 +123,33 @@ def paged_decode_triton(
     block_table: torch.Tensor,
     bounds: torch.Tensor,
     scale: float,
+    splits: int | None = None,
 ) -> torch.Tensor:
-    """Inputs as `paged_decode` checks them: contiguous, int64 table and bounds [3, B]."""
+    """Inputs as `paged_decode` checks them: contiguous, int64 table and bounds [3, B].
+    `splits`: spans of each sequence's positions (None: `splits_for` the device)."""
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
-    out = torch.empty_like(q)
     g = hq // hkv
+    splits = splits_for(b, hkv, q.device) if splits is None else splits
+    if splits > 1:
+        out = torch.empty(b, hkv, splits, g, d, dtype=torch.float32, device=q.device)
+        m = torch.empty(b, hkv, splits, g, dtype=torch.float32, device=q.device)
+        l_sum = torch.empty_like(m)
+    else:
+        out, m, l_sum = torch.empty_like(q), q, q  # m, l unused: the kernel stores out
     # Triton's interpreter multiplies bf16 tiles wrongly (their raw bits): there they are
     # upcast first, to products a GPU's bf16 dot accumulates in fp32 alike
     upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     # fp32 stays fp32 (no tf32): it is the dtype the exactness tests pin
     precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"
-    _decode_kernel[(b, hkv)](
-        q, k_cache, v_cache, block_table, bounds[0], bounds[1], bounds[2], out,
+    _decode_kernel[(b, hkv, splits)](
+        q, k_cache, v_cache, block_table, bounds[0], bounds[1], bounds[2], out, m, l_sum,
         block_table.shape[1], scale,
         HKV=hkv, G=g, D=d, BS=bs, BLOCK_G=_at_least_16(g), BLOCK_D=_at_least_16(d),
-        BLOCK_N=BLOCK_N, PREC=precision, UPCAST=upcast,
+        BLOCK_N=BLOCK_N, PREC=precision, UPCAST=upcast, SPLITS=splits,
     )  # fmt: skip
-    return out
+    if splits == 1:
+        return out
+    weight = torch.exp(m - m.amax(dim=2, keepdim=True))  # [B, HKV, S, G]; empty spans: 0
+    total = (out * weight[..., None]).sum(dim=2) / (l_sum * weight).sum(dim=2)[..., None]
+    return total.view(b, hq, d).to(q.dtype)
