@@ -4,14 +4,11 @@ which runs the same kernel program element by element."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernel is decorated
+from kernels.on_triton import DEVICE
+
 pytest.importorskip("triton")
 
 from headrace.kernels import paged_decode  # noqa: E402
@@ -20,7 +17,6 @@ from headrace.kernels.paged_decode import reference  # noqa: E402
 from headrace.kernels.paged_decode_triton import paged_decode_triton  # noqa: E402
 from kernels.test_paged_decode import SHAPE_IDS, SHAPES, make_case  # noqa: E402
 
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 

@@ -4,20 +4,16 @@ through Triton's interpreter on the CPU."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernel is decorated
+from kernels.on_triton import DEVICE
+
 pytest.importorskip("triton")
 
 from headrace.kernels.paged_prefill import reference  # noqa: E402
 from headrace.kernels.paged_prefill_triton import paged_prefill_triton  # noqa: E402
 
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 

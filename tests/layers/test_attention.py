@@ -4,21 +4,18 @@ interpreter on the CPU)."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 import torch
 import torch.nn.functional as F
+from kernels.on_triton import ON_GPU  # first: the interpreter, where there is no GPU
 
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.step_inputs import build_step_inputs
 from headrace.kernels.paged_decode import supported
 from headrace.layers.attention import paged_attention
 from headrace.request import SamplingParams
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the prefill kernel is compiled
 
 HQ, HKV, D, BS, NUM_BLOCKS = 4, 2, 8, 4, 64
 SCALE = D**-0.5
@@ -49,7 +46,7 @@ def test_chunks_and_decodes_match_dense(
         pytest.skip("no C compiler: CPU kernels unavailable")
     if in_place:
         pytest.importorskip("triton")
-        if torch.cuda.is_available():  # CPU tensors need the interpreter, which a GPU box skips
+        if ON_GPU:  # CPU tensors need the interpreter, which a GPU machine does not set
             pytest.skip("tested on the device by tests/kernels/test_paged_prefill_triton.py")
     gen = torch.Generator().manual_seed(0)
     rng = random.Random(0)

@@ -21,16 +21,14 @@ Its launches go to the current CUDA device, which the runner sets to its own at 
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
 from headrace.kernels.build import cpu_kernels
+from headrace.kernels.triton_probe import taken_on_cuda
 
 log = logging.getLogger(__name__)
 _NAMES = {torch.bfloat16: "paged_decode_bf16", torch.float32: "paged_decode_f32"}
-_GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_probed: dict[tuple[str, torch.dtype, tuple[int, int, int, int]], bool] = {}
 
 
 # (query heads, KV heads, head dim, block size): the probe's shape where the caller gives none
@@ -44,14 +42,7 @@ def supported(
     device, dtype and `shape` (Triton compiles the kernel for each)."""
     if device.type == "cpu":
         return dtype in _NAMES and cpu_kernels() is not None
-    if device.type != "cuda" or dtype not in _GPU_DTYPES:
-        return False
-    if os.environ.get("HEADRACE_TRITON_DECODE", "1") == "0":
-        return False
-    key = (str(device), dtype, shape)
-    if key not in _probed:
-        _probed[key] = _probe(device, dtype, shape)
-    return _probed[key]
+    return taken_on_cuda("HEADRACE_TRITON_DECODE", device, dtype, shape, _probe)
 
 
 def _probe(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int, int]) -> bool:

@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from headrace.kernels.triton_attend import attend_keys
+
 BLOCK_N = 32  # positions a loop turn; tl.dot needs 16 or more
 MAX_SPLITS = 16
 
@@ -79,20 +81,9 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
         block = tl.load(table_ptr + b * table_width + rel // BS, mask=ok, other=0)
         rows = ((block * BS + rel % BS) * HKV + h) * D
         kv_mask = ok[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale  # [BLOCK_G, BLOCK_N]
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))  # finite: every turn has a position in range
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m = m_new
+        m, l_sum, acc = attend_keys(
+            q, k_ptr, v_ptr, rows, kv_mask, d, ok[None, :], m, l_sum, acc, scale, PREC, UPCAST
+        )
     if SPLITS == 1:
         out = acc / l_sum[:, None]
         tl.store(out_ptr + q_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), q_mask)

@@ -14,26 +14,18 @@ Shapes: q [n, Hq, D] of one chunk whose first query is at `start_pos`; k_cache, 
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
+from headrace.kernels.triton_probe import taken_on_cuda
+
 log = logging.getLogger(__name__)
-_GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_probed: dict[tuple[str, torch.dtype, tuple[int, int, int, int]], bool] = {}
 
 
 def supported(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int, int]) -> bool:
     """`shape`: (query heads, KV heads, head dim, block size); probed once per device, dtype
     and shape."""
-    if device.type != "cuda" or dtype not in _GPU_DTYPES:
-        return False
-    if os.environ.get("HEADRACE_TRITON_PREFILL", "1") == "0":
-        return False
-    key = (str(device), dtype, shape)
-    if key not in _probed:
-        _probed[key] = _probe(device, dtype, shape)
-    return _probed[key]
+    return taken_on_cuda("HEADRACE_TRITON_PREFILL", device, dtype, shape, _probe)
 
 
 def _probe(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int, int]) -> bool:

@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from headrace.kernels.triton_attend import attend_keys
+
 BLOCK_N = 32  # key positions a loop turn; tl.dot needs 16 or more
 ROWS = 64  # query rows a program: BLOCK_M queries x the padded G heads of one KV head
 _NO_WINDOW = 1 << 30  # full attention: a window no context reaches (int32 arithmetic)
@@ -70,23 +72,11 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
         block = tl.load(table_ptr + pos // BS, mask=ok, other=0)
         kv_rows = ((block * BS + pos % BS) * HKV + h) * D
         kv_mask = ok[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + kv_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale  # [R, BLOCK_N]
-        seen = ok[None, :] & (pos[None, :] <= q_pos[:, None])
-        seen = seen & (pos[None, :] > q_pos[:, None] - window)
-        s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
-        alpha = tl.exp(m - shift)
-        p = tl.exp(s - shift[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m = m_new
+        seen = ok[None, :] & (pos[None, :] <= q_pos[:, None])  # causal
+        seen = seen & (pos[None, :] > q_pos[:, None] - window)  # [R, BLOCK_N]
+        m, l_sum, acc = attend_keys(
+            q, k_ptr, v_ptr, kv_rows, kv_mask, d, seen, m, l_sum, acc, scale, PREC, UPCAST
+        )
     out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]  # 0 only in padding rows
     tl.store(out_ptr + q_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), q_mask)
 
