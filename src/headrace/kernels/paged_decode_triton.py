@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from headrace.kernels.triton_attend import attend_keys
+from headrace.kernels.triton_attend import at_least_16, attend_keys
 
 BLOCK_N = 32  # positions a loop turn; tl.dot needs 16 or more
 MAX_SPLITS = 16
@@ -94,10 +94,6 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
         tl.store(l_ptr + part, l_sum, g < G)
 
 
-def _at_least_16(n: int) -> int:
-    return max(16, int(triton.next_power_of_2(n)))
-
-
 def splits_for(batch: int, kv_heads: int, device: torch.device) -> int:
     """Spans a sequence's positions are cut into: enough programs for every multiprocessor
     twice over, at most MAX_SPLITS; 1 off CUDA (the interpreter) and for a full batch."""
@@ -136,7 +132,7 @@ def paged_decode_triton(
     _decode_kernel[(b, hkv, splits)](
         q, k_cache, v_cache, block_table, bounds[0], bounds[1], bounds[2], out, m, l_sum,
         block_table.shape[1], scale,
-        HKV=hkv, G=g, D=d, BS=bs, BLOCK_G=_at_least_16(g), BLOCK_D=_at_least_16(d),
+        HKV=hkv, G=g, D=d, BS=bs, BLOCK_G=at_least_16(g), BLOCK_D=at_least_16(d),
         BLOCK_N=BLOCK_N, PREC=precision, UPCAST=upcast, SPLITS=splits,
     )  # fmt: skip
     if splits == 1:

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from headrace.kernels.triton_attend import attend_keys
+from headrace.kernels.triton_attend import at_least_16, attend_keys
 
 BLOCK_N = 32  # key positions a loop turn; tl.dot needs 16 or more
 ROWS = 64  # query rows a program: BLOCK_M queries x the padded G heads of one KV head
@@ -81,10 +81,6 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     tl.store(out_ptr + q_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), q_mask)
 
 
-def _at_least_16(n: int) -> int:
-    return max(16, int(triton.next_power_of_2(n)))
-
-
 def paged_prefill_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -106,7 +102,7 @@ def paged_prefill_triton(
     precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"
     _prefill_kernel[(triton.cdiv(n, block_m), hkv)](
         q, k_cache, v_cache, block_table, out, n, start_pos, window or _NO_WINDOW, scale,
-        HKV=hkv, G=g, D=d, BS=bs, BLOCK_M=block_m, BLOCK_G=block_g, BLOCK_D=_at_least_16(d),
+        HKV=hkv, G=g, D=d, BS=bs, BLOCK_M=block_m, BLOCK_G=block_g, BLOCK_D=at_least_16(d),
         BLOCK_N=BLOCK_N, PREC=precision, UPCAST=upcast,
     )  # fmt: skip
     return out

@@ -14,6 +14,11 @@ import triton
 import triton.language as tl
 
 
+def at_least_16(n: int) -> int:
+    """A tile side: a power of two, 16 or more (`tl.dot`'s smallest)."""
+    return max(16, int(triton.next_power_of_2(n)))
+
+
 @triton.jit  # type: ignore[untyped-decorator]  # triton's decorator is untyped
 def attend_keys(  # type: ignore[no-untyped-def]
     q, k_ptr, v_ptr, rows, kv_mask, d, seen, m, l_sum, acc, scale,
