@@ -32,7 +32,9 @@ import triton.language as tl
 from headrace.kernels.triton_attend import at_least_16, attend_keys
 
 BLOCK_N = 32  # key positions a loop turn; tl.dot needs 16 or more
-ROWS = 64  # query rows a program: BLOCK_M queries x the padded G heads of one KV head
+# query rows a program (BLOCK_M queries x the padded G heads of one KV head): its fp32 values
+# tile [ROWS, D] lives in registers, so a wide head (Gemma's 256) gets half as many rows
+ROWS = 64
 _NO_WINDOW = 1 << 30  # full attention: a window no context reaches (int32 arithmetic)
 
 
@@ -96,7 +98,7 @@ def paged_prefill_triton(
     out = torch.empty_like(q)
     g = hq // hkv
     block_g = int(triton.next_power_of_2(g))
-    block_m = max(1, ROWS // block_g)
+    block_m = max(1, (ROWS if d <= 128 else ROWS // 2) // block_g)
     # as the decode kernel: the interpreter multiplies bf16 tiles wrongly, so it upcasts
     upcast = q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"
