@@ -35,8 +35,7 @@ def collect_stats(
         kv_blocks_total=blocks.num_blocks,
         num_preemptions_total=num_preemptions_total,
         waiting_tokens=_tokens_to_compute(queue),
-        running_tokens=_tokens_to_compute(running)
-        + sum(r.params.max_tokens - r.num_output_tokens for r in running),
+        running_tokens=_running_tokens(running),
         waiting_by_priority=waiting_by_priority(queue),
         num_tokens_total=num_tokens_total,
         kv_blocks_cached=blocks.num_cached_blocks,
@@ -49,3 +48,11 @@ def collect_stats(
 
 def _tokens_to_compute(reqs: Iterable[Request]) -> int:
     return sum(r.num_tokens - r.num_computed_tokens for r in reqs)
+
+
+def _running_tokens(running: Sequence[Request]) -> int:
+    """Tokens the running requests have yet to compute, their outputs to come included:
+    (prompt + output - computed) + (max_tokens - output), summed in one pass (every step)."""
+    return sum(
+        len(r.prompt_token_ids) - r.num_computed_tokens + r.params.max_tokens for r in running
+    )
