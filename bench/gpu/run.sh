@@ -13,10 +13,10 @@ export PYTHONPATH="$PWD/src:$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}"
 python -c 'import torch, headrace; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' \
   | tee -a "$OUT/bench.log"
 # the Triton kernels against float64 first: the paths below take them where they are right
-timeout 90 python -m pytest -q -x tests/kernels/test_paged_decode_triton.py \
+timeout 120 python -m pytest -q -x tests/kernels/test_paged_decode_triton.py \
   tests/kernels/test_paged_prefill_triton.py >"$OUT/kernel.log" 2>&1
 echo "kernel tests rc=$?" >>"$OUT/kernel.log"
-timeout 270 python bench/gpu/device_bench.py --out "$OUT/h200.json" >>"$OUT/bench.log" 2>&1 \
+timeout 250 python bench/gpu/device_bench.py --out "$OUT/h200.json" >>"$OUT/bench.log" 2>&1 \
   || echo "device_bench failed or ran out of time (see bench.log)"
 # the host's share of a decode step on this machine's CPU (no model): set beside the graph steps
 timeout 30 python bench/host_step.py --streams 1,64,256 >"$OUT/host_step.json" 2>>"$OUT/bench.log" \
