@@ -63,7 +63,7 @@ class HostOnlyRunner:
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         start = time.perf_counter()
-        check_step(out, self.max_model_len, self.vocab_size, self.num_kv_blocks, True)
+        check_step(out, self.max_model_len, self.vocab_size, self.num_kv_blocks, BLOCK, True)
         self.block_rows.drop(out.finished_ids)
         inputs = build_step_inputs(
             out.scheduled, BLOCK, WINDOWS, torch.device("cpu"), torch.bfloat16, paged_kernel=True,

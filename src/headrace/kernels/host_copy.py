@@ -21,7 +21,9 @@ def to_device(
     device: torch.device,
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """`values` as a tensor on `device` (of `dtype`, where a list is given; else inferred)."""
+    """`values` as a tensor on `device` (of `dtype`, where a list is given; else inferred).
+    A CPU tensor that is pinned already is read by the copy as it is, not copied first: its
+    caller must not change it until the device has read it."""
     host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     if device.type == "cuda":
         return host.pin_memory().to(device, non_blocking=True)

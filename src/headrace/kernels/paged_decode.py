@@ -109,7 +109,10 @@ def paged_decode(
     block_table: torch.Tensor,
     bounds: torch.Tensor,
     scale: float,
+    splits: int | None = None,
 ) -> torch.Tensor:
+    """`splits`: the GPU kernel's spans a sequence (None: its own choice; the CPU's kernel
+    takes a sequence whole)."""
     # Long only for the C kernel's flat argument list (15 values), one a line.
     b, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
@@ -120,7 +123,7 @@ def paged_decode(
     if q.device.type != "cpu":
         from headrace.kernels.paged_decode_triton import paged_decode_triton
 
-        return paged_decode_triton(q, k_cache, v_cache, table, bounds, scale)
+        return paged_decode_triton(q, k_cache, v_cache, table, bounds, scale, splits)
     lib = cpu_kernels()
     assert lib is not None
     out = torch.empty_like(q)

@@ -41,6 +41,9 @@ class KVView:
     # decode through the in-place kernel instead of a mask: [3, B] int64 (base, lo, hi), see
     # kernels/paged_decode.py
     bounds: torch.Tensor | None = None
+    # spans the GPU's decode kernel cuts a sequence into (None: as many as the batch leaves
+    # room for); 1 where a token's attention must not depend on its batch (--deterministic)
+    splits: int | None = None
 
 
 @dataclass
@@ -117,7 +120,7 @@ def _decode(
 ) -> torch.Tensor:
     """q [B, Hq, D] -> [B, Hq, D]: one query per sequence, all sequences in one call."""
     if view.bounds is not None:
-        return paged_decode(q, k_cache, v_cache, view.block_table, view.bounds, scale)
+        return paged_decode(q, k_cache, v_cache, view.block_table, view.bounds, scale, view.splits)
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
     keys = _gather(k_cache, view.block_table)  # [B, Hkv, L, D]

@@ -147,6 +147,18 @@ def test_one_table_holds_the_longest_context_for_every_window(
         assert all(v.block_table.shape == (b, blocks) for v in views)
 
 
+def test_per_token_graphs_never_split_a_sequence(runners: tuple[ModelRunner, ModelRunner]) -> None:
+    """--deterministic's steps replay graphs whose decode kernel takes each sequence whole: its
+    spans on a GPU would depend on the bucket, a token's attention on its batch."""
+    _, buffered = runners
+    for per_token, splits in ((True, 1), (False, None)):
+        graphs = decode_graphs.DecodeGraphs(
+            buffered.model, buffered.kv_cache, buffered.max_model_len, per_token
+        )
+        for b in (1, decode_graphs.BUCKETS[-1]):
+            assert {v.splits for v in graphs._metas[b].decode_views.values()} == {splits}
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_graphs_replay_the_eager_tokens(tmp_path_factory: pytest.TempPathFactory) -> None:
     path = tmp_path_factory.mktemp("gemma3_cuda")

@@ -144,3 +144,15 @@ def test_auto_dtype_is_bf16_only_where_it_is_native(
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
     assert pick_dtype("auto", torch.device(device), cpuinfo) == expected
     assert pick_dtype("float32", torch.device(device), cpuinfo) == torch.float32
+
+
+def test_a_refused_step_still_lets_go_of_the_finished_requests(runner: ModelRunner) -> None:
+    params = SamplingParams(temperature=0.0)
+    runner.execute(
+        SchedulerOutput([ScheduledRequest("gone", [5], 0, [0], True, params, 0, table_epoch=1)])
+    )
+    assert "gone" in runner.block_rows
+    bad = SchedulerOutput([ScheduledRequest("x", [VOCAB], 0, [1], True, params, 0)], ["gone"])
+    with pytest.raises(ValueError, match="token id"):
+        runner.execute(bad)
+    assert "gone" not in runner.block_rows

@@ -94,3 +94,15 @@ def test_decode_rows_keep_their_order_samples_and_adapters() -> None:
     assert inputs.sample_rows.tolist() == [0, 2]
     assert [s.request_id for s in inputs.sampled] == ["a", "c"]
     assert inputs.lora_segments == [(3, 0, 1), (3, 2, 3)]
+
+
+def test_per_token_attention_never_splits_a_sequence_on_the_gpu() -> None:
+    """--deterministic: a token's attention must not depend on its batch, and the GPU decode
+    kernel's spans would depend on the batch's size."""
+    step = [ScheduledRequest("a", [1, 2, 3], 4, [0, 1], True, SamplingParams(), 0)]
+    for per_token, splits in ((True, 1), (False, None)):
+        inputs = build_step_inputs(
+            step + [ScheduledRequest("d", [7], 3, [2], True, SamplingParams(), 1)],
+            16, [None], torch.device("cpu"), paged_kernel=True, per_token=per_token,
+        )  # fmt: skip
+        assert inputs.meta.decode_views[None].splits == splits

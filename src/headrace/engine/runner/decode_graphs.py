@@ -36,8 +36,12 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
 
 class DecodeGraphs:
-    def __init__(self, model: CausalLM, kv_cache: KVCache, max_model_len: int) -> None:
-        """`kv_cache` with a spare block (KVCache(spare_block=True))."""
+    def __init__(
+        self, model: CausalLM, kv_cache: KVCache, max_model_len: int, per_token: bool = False
+    ) -> None:
+        """`kv_cache` with a spare block (KVCache(spare_block=True)); `per_token`: the runner's
+        --deterministic steps, whose attention must not depend on the batch (no spans)."""
+        self.splits = 1 if per_token else None
         assert kv_cache.spare_block is not None
         self.model, self.kv_caches = model, kv_cache.layers
         block_size, spare_block = kv_cache.block_size, kv_cache.spare_block
@@ -62,7 +66,9 @@ class DecodeGraphs:
         self._out: dict[int, torch.Tensor] = {}
 
     def _meta(self, b: int) -> AttentionMetadata:
-        views = {w: KVView(self.table[:b], None, self.bounds[w][:, :b]) for w in self.bounds}
+        views = {
+            w: KVView(self.table[:b], None, self.bounds[w][:, :b], self.splits) for w in self.bounds
+        }
         return AttentionMetadata(self.slots[:b], b, views, [])
 
     @property
@@ -129,12 +135,14 @@ class DecodeGraphs:
         torch.cuda.synchronize()
 
 
-def decode_graphs(model: CausalLM, kv_cache: KVCache, max_model_len: int) -> DecodeGraphs | None:
+def decode_graphs(
+    model: CausalLM, kv_cache: KVCache, max_model_len: int, per_token: bool = False
+) -> DecodeGraphs | None:
     """The runner's graphs where its pool has a spare block: captured on CUDA (None, with a
     warning, if capture fails: decode steps then run eagerly), plain buffers elsewhere."""
     if kv_cache.spare_block is None:
         return None
-    graphs = DecodeGraphs(model, kv_cache, max_model_len)
+    graphs = DecodeGraphs(model, kv_cache, max_model_len, per_token)
     if kv_cache.device.type != "cuda":
         return graphs
     start = time.perf_counter()

@@ -169,7 +169,9 @@ class ModelRunner:
         # needs the in-place decode attention: the gathered path's shapes change every step
         self.decode_graphs: DecodeGraphs | None = None
         if self.paged_kernel:
-            self.decode_graphs = decode_graphs(self.model, self.kv_cache, self.max_model_len)
+            self.decode_graphs = decode_graphs(
+                self.model, self.kv_cache, self.max_model_len, self.per_token_attention
+            )
         if model_dir is not None:
             # Before ready: the build holds the GIL for seconds (docs/performance.md), which
             # in a background thread would stall every stream's steps instead.
@@ -221,9 +223,11 @@ class ModelRunner:
 
     def _step_inputs(self, out: SchedulerOutput) -> StepInputs:
         """Checks, the step's tensors, grammars and LoRA rows."""
+        self.block_rows.drop(out.finished_ids)  # first: a step refused below still ends them
+        self.grammars.drop(out.finished_ids)
         paged = self.paged_kernel
-        check_step(out, self.max_model_len, self.vocab_size, self.num_kv_blocks, paged)
-        self.block_rows.drop(out.finished_ids)
+        limits = (self.max_model_len, self.vocab_size, self.num_kv_blocks, self.block_size)
+        check_step(out, *limits, decode_blocks_checked=paged)
         inputs = build_step_inputs(  # checks the decodes' new blocks (block_rows)
             out.scheduled,
             self.block_size,
@@ -237,7 +241,6 @@ class ModelRunner:
         )
         if self.poison_token is not None:
             self._inject_fault(out, self.poison_token)
-        self.grammars.drop(out.finished_ids)
         self.grammars.prepare(out.scheduled)  # matchers build while the model computes
         self.loras.set_rows(inputs.lora_segments)
         return inputs

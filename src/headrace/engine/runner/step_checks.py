@@ -6,7 +6,7 @@ request's KV blocks or indexing past the embedding."""
 from __future__ import annotations
 
 import operator
-from itertools import chain
+from itertools import chain, repeat
 from operator import attrgetter
 
 from headrace.engine.outputs import ScheduledRequest, SchedulerOutput
@@ -19,10 +19,12 @@ def check_step(
     max_model_len: int,
     vocab_size: int,
     num_kv_blocks: int,
+    block_size: int,
     decode_blocks_checked: bool,
 ) -> None:
     """ValueError naming the first request out of bounds. `decode_blocks_checked`: a decode's
-    blocks are checked where they are written (runner/block_rows.py), once, not every step.
+    table is checked where it is written (runner/block_rows.py), once, not every step; here
+    only the block its token's K/V go to, every step.
 
     The whole step is checked in a few passes in C (map, chain, min, max: no Python call a
     request, which at 256 decodes cost 0.1 ms a step); a step that fails them is walked
@@ -32,21 +34,40 @@ def check_step(
         return
     last = max(map(operator.add, map(_START, reqs), map(len, map(_IDS, reqs))))
     ids = list(chain.from_iterable(map(_IDS, reqs)))
-    chunks = reqs if not decode_blocks_checked else [r for r in reqs if len(r.token_ids) > 1]
-    blocks = list(chain.from_iterable(map(_BLOCKS, chunks)))
+    if decode_blocks_checked:
+        chunks = [r for r in reqs if len(r.token_ids) > 1]
+        blocks = list(chain.from_iterable(map(_BLOCKS, chunks)))
+        blocks += _written_blocks([r for r in reqs if len(r.token_ids) == 1], block_size)
+    else:
+        blocks = list(chain.from_iterable(map(_BLOCKS, reqs)))
     if (
         last > max_model_len
         or (ids and not 0 <= min(ids) <= max(ids) < vocab_size)
         or (blocks and not 0 <= min(blocks) <= max(blocks) < num_kv_blocks)
     ):
         for req in reqs:
-            own = not decode_blocks_checked or len(req.token_ids) > 1
-            _check_one(req, max_model_len, vocab_size, num_kv_blocks, own)
+            whole = not decode_blocks_checked or len(req.token_ids) > 1
+            _check_one(req, max_model_len, vocab_size, num_kv_blocks, block_size, whole)
         raise ValueError("a step out of bounds")  # not reached: one request above is
 
 
+def _written_blocks(decodes: list[ScheduledRequest], block_size: int) -> list[int]:
+    """The block each decode's token goes to (a table too short is left to step_inputs,
+    which refuses it by name)."""
+    at = map(operator.floordiv, map(_START, decodes), repeat(block_size))
+    try:
+        return list(map(operator.getitem, map(_BLOCKS, decodes), at))
+    except IndexError:
+        return []
+
+
 def _check_one(
-    req: ScheduledRequest, max_model_len: int, vocab_size: int, num_kv_blocks: int, blocks: bool
+    req: ScheduledRequest,
+    max_model_len: int,
+    vocab_size: int,
+    num_kv_blocks: int,
+    block_size: int,
+    whole: bool,
 ) -> None:
     ids = req.token_ids
     if req.start_pos + len(ids) > max_model_len:
@@ -56,9 +77,7 @@ def _check_one(
         )
     if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
         raise ValueError(f"request {req.request_id}: token id outside [0, {vocab_size})")
-    if (
-        blocks
-        and req.block_ids
-        and not 0 <= min(req.block_ids) <= max(req.block_ids) < num_kv_blocks
-    ):
+    at = req.start_pos // block_size
+    blocks = req.block_ids if whole else req.block_ids[at : at + 1]
+    if blocks and not 0 <= min(blocks) <= max(blocks) < num_kv_blocks:
         raise ValueError(f"request {req.request_id}: block id outside the KV pool")

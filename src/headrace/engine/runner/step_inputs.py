@@ -73,7 +73,10 @@ def build_step_inputs(
         decode_views: dict[Window, KVView] = {}
     elif paged_kernel:
         table, *bounds = paged
-        decode_views = {w: KVView(table, None, b) for w, b in zip(windows, bounds, strict=True)}
+        splits = 1 if tokenwise else None  # per-token attention: the same in any batch
+        decode_views = {
+            w: KVView(table, None, b, splits) for w, b in zip(windows, bounds, strict=True)
+        }
     else:
         decode_views = _masked_views(decodes, block_size, windows, device, mask_dtype)
     meta = AttentionMetadata(slots, len(decodes), decode_views, rows.prefills)
