@@ -1,5 +1,5 @@
 """Whether a prefill chunk over cached blocks reads them in place (the Triton kernel in
-paged_prefill_triton.py), and the call that does.
+paged_prefill_triton.py, which the attention loads when it first takes it).
 
 Only on CUDA: the CPU keeps the gathered path (layers/attention.py), where a chunk over a
 cached head is rare enough (a prefix-cache hit, a prompt longer than a chunk) not to want a C
@@ -81,20 +81,3 @@ def reference(
         seen &= k_pos > q_pos - window
     probs = torch.softmax(scores.masked_fill(~seen, float("-inf")), -1)
     return (probs @ vals.transpose(0, 1)).transpose(0, 1)  # [n, Hq, D]
-
-
-def paged_prefill(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    start_pos: int,
-    window: int | None,
-    scale: float,
-) -> torch.Tensor:
-    from headrace.kernels.paged_prefill_triton import paged_prefill_triton
-
-    assert q.dtype == k_cache.dtype == v_cache.dtype and block_table.dtype == torch.int64
-    assert k_cache.is_contiguous() and v_cache.is_contiguous()
-    table = block_table.contiguous()
-    return paged_prefill_triton(q.contiguous(), k_cache, v_cache, table, start_pos, window, scale)

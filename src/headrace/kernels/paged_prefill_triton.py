@@ -92,7 +92,10 @@ def paged_prefill_triton(
     window: int | None,
     scale: float,
 ) -> torch.Tensor:
-    """Contiguous q and pools, an int64 table on q's device; `window` None: full attention."""
+    """Contiguous pools, an int64 table on q's device; `window` None: full attention."""
+    assert q.dtype == k_cache.dtype == v_cache.dtype and block_table.dtype == torch.int64
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    q, block_table = q.contiguous(), block_table.contiguous()
     n, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
     out = torch.empty_like(q)

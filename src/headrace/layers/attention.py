@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 
 from headrace.kernels.paged_decode import paged_decode
-from headrace.kernels.paged_prefill import paged_prefill
 from headrace.layers.causal_attention import causal_attention, use_blocked
 
 Window = int | None  # None: full attention
@@ -99,7 +98,10 @@ def paged_attention(
         rows = slice(chunk.start, chunk.end)
         view = chunk.views.get(window)
         if view is not None and view.mask is None:  # in place (kernels/paged_prefill.py)
-            out[rows] = paged_prefill(
+            # imported here: Triton, which the module needs, is not on every CPU machine
+            from headrace.kernels.paged_prefill_triton import paged_prefill_triton
+
+            out[rows] = paged_prefill_triton(
                 q[rows], k_cache, v_cache, view.block_table, chunk.start_pos, window, scale
             )
         else:

@@ -128,9 +128,7 @@ def _lay_out(
             positions.append(pos)
             slots.append(req.block_ids[pos // block_size] * block_size + pos % block_size)
         if n > 1 and not tokenwise:
-            views = {
-                w: v for w in windows if (v := _prefill_view(req, block_size, w, device, in_place))
-            }
+            views = _prefill_views(req, block_size, windows, device, in_place)
             prefills.append(PrefillChunk(start, start + n, views, req.start_pos))
         if req.sample:
             last = start + n - 1 - len(req.draft_token_ids)  # the last known token's row
@@ -232,17 +230,29 @@ def _masked_views(
     return views
 
 
-def _prefill_view(
-    req: ScheduledRequest, block_size: int, window: Window, device: torch.device, in_place: bool
-) -> KVView | None:
-    """Cache view of one chunk, or None when causal attention over the chunk itself suffices.
-    `in_place`: the sequence's blocks from its first, for the kernel (which masks itself)."""
+def _prefill_views(
+    req: ScheduledRequest,
+    block_size: int,
+    windows: Sequence[Window],
+    device: torch.device,
+    in_place: bool,
+) -> dict[Window, KVView]:
+    """A chunk's cache view for each window where causal attention over the chunk itself does
+    not suffice. `in_place`: one view for all of them, the sequence's blocks from its first,
+    for the kernel (which applies each window itself)."""
     s, n = req.start_pos, len(req.token_ids)
-    if s == 0 and (window is None or n <= window):
-        return None
-    if in_place:
-        blocks = req.block_ids[: (s + n - 1) // block_size + 1]
-        return KVView(to_device(blocks, device, torch.int64), None)
+    needed = [w for w in windows if s > 0 or (w is not None and n > w)]
+    if not needed or not in_place:
+        return {w: _gathered_view(req, block_size, w, device) for w in needed}
+    blocks = req.block_ids[: (s + n - 1) // block_size + 1]
+    return dict.fromkeys(needed, KVView(to_device(blocks, device, torch.int64), None))
+
+
+def _gathered_view(
+    req: ScheduledRequest, block_size: int, window: Window, device: torch.device
+) -> KVView:
+    """The blocks `window` lets the chunk see, gathered, and the [n, L] mask over them."""
+    s, n = req.start_pos, len(req.token_ids)
     first = _first_block(s, block_size, window)
     last_block = (s + n - 1) // block_size
     table = torch.tensor(req.block_ids[first : last_block + 1], dtype=torch.int64)
