@@ -22,7 +22,8 @@ measured in the same run. Each shape also times `chunk_ms`: a prefill step of 51
 Then the engine as served (continuous batching, scheduler and all, no HTTP) on the small shape:
 output tokens/s and TPOT with 1 / 16 / 64 / 256 requests of 64 tokens at once, and the join
 probe: a short request added beside 64 running streams, its wait to a first token against its
-own prefill alone.
+own prefill alone; in series (`engine_gemma3-270m`) and with --async-scheduling
+(`engine_gemma3-270m_async`: each step launched before the last one's tokens are read).
 """
 
 from __future__ import annotations
@@ -85,9 +86,14 @@ def main() -> None:
         )
         for name, b, mode in plans
     ]
-    parts.append(
-        ("engine_gemma3-270m", lambda: engine_rates("gemma3-270m", device, streams, args.quick))
-    )
+    engines = [  # right after the graph steps: a run cut short still has both
+        ("engine_gemma3-270m", lambda: engine_rates("gemma3-270m", device, streams, args.quick)),
+        (
+            "engine_gemma3-270m_async",
+            lambda: engine_rates("gemma3-270m", device, streams, args.quick, overlap=True),
+        ),
+    ]
+    parts[1:1] = engines
     for key, part in parts:
         try:  # a part that breaks on a new machine must not cost the others' figures
             report[key] = part()

@@ -18,12 +18,14 @@ PROMPT, OUTPUT = 256, 64
 
 
 def engine_rates(
-    name: str, device: torch.device, streams: list[int], quick: bool
+    name: str, device: torch.device, streams: list[int], quick: bool, overlap: bool = False
 ) -> dict[str, Any]:
+    """`overlap`: --async-scheduling (the next step launched before this one's tokens are
+    read), against the steps in series."""
     prompt, output = (32, 8) if quick else (PROMPT, OUTPUT)
     top = max(max(streams), 65)
     runner = random_runner(name, device, top * (prompt + output + 16), quick)
-    sched = SchedulerConfig(max_num_seqs=top, num_speculative_tokens=0)
+    sched = SchedulerConfig(max_num_seqs=top, num_speculative_tokens=0, async_scheduling=overlap)
     core = EngineCore(sched, runner, enable_prefix_caching=False)
     gen = torch.Generator().manual_seed(1)
     vocab = runner.vocab_size
@@ -34,6 +36,7 @@ def engine_rates(
         return EngineCoreRequest(rid, ids, params)
 
     out: dict[str, Any] = {"prompt_tokens": prompt, "output_tokens": output, "levels": {}}
+    out["async_scheduling"] = overlap
     _run(core, [request("warm", prompt, 4)], device)
     for n in streams:
         reqs = [request(f"n{n}-{i}", prompt, output) for i in range(n)]
@@ -44,7 +47,7 @@ def engine_rates(
             "tpot_ms": round(1000 * (wall - ttft[len(ttft) // 2]) / max(output - 1, 1), 3),
             "ttft_p50_ms": round(1000 * ttft[len(ttft) // 2], 1),
         }
-        print("engine", n, out["levels"][str(n)], flush=True)
+        print("engine", "async" if overlap else "serial", n, out["levels"][str(n)], flush=True)
     out["join"] = _join_probe(core, request, device, 4 if quick else 64, output)
     return out
 

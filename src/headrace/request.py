@@ -35,6 +35,11 @@ class FinishReason(enum.StrEnum):
     OVERLOADED = "overloaded"
 
 
+# Stands for a token a launched step samples and the host has not read yet: the input of the
+# step after it, filled in on the device from the step before (--async-scheduling).
+PENDING_TOKEN = -1
+
+
 def prefix_salt(tenant: str, cache_salt: str | None, adapter: str | int | None) -> str:
     """Requests share cached prefix blocks only within one salt: the request's `cache_salt`,
     else its tenant's name; two adapters (or an adapter and the base model) never share KV.
@@ -275,6 +280,9 @@ class Request:
     num_recomputed_tokens: int = 0  # KV entries preemptions threw away (computed again)
     num_draft_tokens: int = 0  # speculative tokens proposed for it, in all
     num_accepted_tokens: int = 0  # ... and accepted
+    # The token a launched step samples for it, not yet read (--async-scheduling): it ends
+    # output_token_ids as PENDING_TOKEN until the step lands (core/overlap.py)
+    pending: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -295,3 +303,10 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    def drop_pending(self) -> None:
+        """Take back the placeholder of a token still in flight (the step landed, or the
+        request leaves the running list before it does)."""
+        if self.pending:
+            self.output_token_ids.pop()
+            self.pending = False

@@ -26,10 +26,12 @@ def test_the_device_script_runs_on_the_cpu_and_reports_every_part(tmp_path: Path
             ratio = level["step_ms"] / level["floor_ms"]
             assert abs(level["over_floor"] - ratio) <= 0.01 * ratio
     assert all(isinstance(v["profile"], dict) for v in report["llama3-8b"]["levels"].values())
-    engine = report["engine_gemma3-270m"]
-    assert set(engine["levels"]) == {"1", "4"}
-    assert all(v["tokens_per_s"] > 0 for v in engine["levels"].values())
-    assert engine["join"]["first_token_ms"] > 0
+    for key, overlap in (("engine_gemma3-270m", False), ("engine_gemma3-270m_async", True)):
+        engine = report[key]
+        assert engine["async_scheduling"] is overlap
+        assert set(engine["levels"]) == {"1", "4"}
+        assert all(v["tokens_per_s"] > 0 for v in engine["levels"].values())
+        assert engine["join"]["first_token_ms"] > 0
 
 
 def test_the_host_step_bench_it_runs_reports_each_part_within_the_step() -> None:

@@ -221,3 +221,28 @@ def test_the_runner_lets_go_of_finished_requests_table_rows(runner):
     _drive(core, {0: [later]})  # its first step tells the runner the first three finished
     assert not any(r.request_id in runner.block_rows for r in first)
     assert later.request_id in runner.block_rows  # until the core's next step
+
+
+def test_overlapped_steps_equal_their_solo_runs(runner):
+    """--async-scheduling on the real runner: the next step's decodes take their tokens from
+    the step launched before, on the device, and every request gets its solo tokens."""
+    reqs = _mixed_requests(24, runner.vocab_size, seed=5)
+    rng = random.Random(2)
+    arrivals: dict[int, list[EngineCoreRequest]] = {}
+    for r in reqs:
+        arrivals.setdefault(rng.randrange(0, 30), []).append(r)
+    sched = SchedulerConfig(
+        max_num_batched_tokens=64, max_num_seqs=16, num_speculative_tokens=0, async_scheduling=True
+    )
+    filled: list[int] = []
+    fill = runner.last_tokens.fill
+    runner.last_tokens.fill = lambda ids, pending: (filled.append(len(pending)), fill(ids, pending))
+    try:
+        runs = _drive(EngineCore(sched, runner), arrivals)
+    finally:
+        del runner.last_tokens.fill
+    assert sum(filled) > 100  # most decodes: the token of a step not yet read
+    for r in reqs:
+        alone = _alone(runner, r)
+        assert runs[r.request_id].tokens == alone.tokens, r.request_id
+        assert runs[r.request_id].finish == alone.finish

@@ -18,6 +18,7 @@ from factories.engine import (
     FAKE_EOS,
     FAKE_VOCAB,
     FakeCore,
+    FakeLaunchingRunner,
     FakeRunner,
     fake_next_token,
     fake_reference,
@@ -66,12 +67,11 @@ from factories.tokenizers import (
 
 __all__ = [
     "ARCHS", "CHAT_TEMPLATE", "DEVICES", "FAKE_EOS", "FAKE_VOCAB", "GGUF_GEMMA3", "MAX_MODEL_LEN",
-    "NO_CUDA", "VOCAB",
-    "FakeCore", "FakeRunner", "Server", "TokenizerAdapter", "chat_tokenizer", "fake_next_token",
-    "fake_reference", "free_port", "hf_config", "hf_greedy", "make_byte_level_tokenizer",
-    "make_chat_tokenizer", "make_prompt", "make_request", "make_scheduler",
-    "make_sentencepiece_tokenizer", "make_tiny", "make_tiny_llama", "make_word_tokenizer",
-    "permute", "prompts", "read_metrics", "replicas", "routed", "running", "serve_args",
-    "serving", "sse_events", "start_server", "stream_text", "tiny_server_args", "wait_for",
-    "word_prompt", "write_tenants", "write_tiny_gguf",
+    "NO_CUDA", "VOCAB", "FakeCore", "FakeLaunchingRunner", "FakeRunner", "Server",
+    "TokenizerAdapter", "chat_tokenizer", "fake_next_token", "fake_reference", "free_port",
+    "hf_config", "hf_greedy", "make_byte_level_tokenizer", "make_chat_tokenizer", "make_prompt",
+    "make_request", "make_scheduler", "make_sentencepiece_tokenizer", "make_tiny",
+    "make_tiny_llama", "make_word_tokenizer", "permute", "prompts", "read_metrics", "replicas",
+    "routed", "running", "serve_args", "serving", "sse_events", "start_server", "stream_text",
+    "tiny_server_args", "wait_for", "word_prompt", "write_tenants", "write_tiny_gguf",
 ]  # fmt: skip

@@ -13,6 +13,8 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 
+import msgspec
+
 from headrace.config import SchedulerConfig
 from headrace.engine.core.engine_core import EngineCore
 from headrace.engine.kv.block_manager import BlockManager
@@ -20,7 +22,7 @@ from headrace.engine.messages import EngineCoreRequest, RequestOutput, StepStats
 from headrace.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from headrace.engine.sched.scheduler import Scheduler
 from headrace.engine.sched.waiting_queue import WaitingQueue
-from headrace.request import Request, SamplingParams
+from headrace.request import PENDING_TOKEN, Request, SamplingParams
 
 FAKE_VOCAB = 101
 FAKE_EOS = 0
@@ -114,6 +116,35 @@ class FakeRunner:
         history = [self.kv[s.block_ids[p // bs]][p % bs] for p in range(end)]
         assert None not in history
         return fake_next_token([t for t in history if t is not None], s.params, s.num_output_tokens)
+
+
+class FakeLaunchingRunner(FakeRunner):
+    """The fake runner with the real one's launch / finish (--async-scheduling): a placeholder
+    takes the token its request sampled in the step launched just before, as the real runner
+    fills it on the device; `execute` (a step retried in series) takes none."""
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.last: dict[str, int] = {}  # the last launched step's tokens, where it kept them
+        self.filled = 0  # placeholders filled, in all
+        self.launches: list[SchedulerOutput] = []  # as scheduled, placeholders and all
+
+    def launch(self, out: SchedulerOutput, keep: bool = False) -> RunnerOutput:
+        self.launches.append(out)
+        scheduled = [self._fill(s) for s in out.scheduled]
+        result = self.execute(msgspec.structs.replace(out, scheduled=scheduled))
+        self.last = dict(result.sampled) if keep else {}
+        return result
+
+    def finish(self, launched: RunnerOutput) -> RunnerOutput:
+        return launched
+
+    def _fill(self, s: ScheduledRequest) -> ScheduledRequest:
+        if PENDING_TOKEN not in s.token_ids:
+            return s
+        assert s.token_ids == [PENDING_TOKEN], s  # a decode's one token, nothing else
+        self.filled += 1
+        return msgspec.structs.replace(s, token_ids=[self.last[s.request_id]])
 
 
 def make_scheduler(

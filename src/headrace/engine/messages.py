@@ -78,6 +78,8 @@ class StepStats(msgspec.Struct, frozen=True):
     # Speculative decoding: draft tokens checked by the model so far, and accepted.
     spec_draft_tokens_total: int = 0
     spec_accepted_tokens_total: int = 0
+    # --async-scheduling: steps left running while the next one was scheduled, so far
+    steps_overlapped_total: int = 0
     # Per LoRA adapter with requests or tokens: (name, running, waiting, tokens computed since
     # the start), sorted by name.
     lora_requests: tuple[tuple[str, int, int, int], ...] = ()

@@ -41,6 +41,8 @@ ENGINE_SERIES: tuple[tuple[type[Family], str, str, str], ...] = (
      "spec_draft_tokens_total"),
     (COUNTER, "spec_decode_num_accepted_tokens", "Draft tokens accepted.",
      "spec_accepted_tokens_total"),
+    (COUNTER, "steps_overlapped", "Steps left running while the next was scheduled "
+     "(--async-scheduling).", "steps_overlapped_total"),
     (GAUGE, "step_duration_seconds", "Duration of the latest engine step.", "step_duration"),
     (GAUGE, "step_prefill_tokens", "Prompt tokens in the latest step's batch.",
      "num_prefill_tokens"),

@@ -8,7 +8,7 @@ import pytest
 
 from headrace.engine.outputs import ScheduledRequest, SchedulerOutput
 from headrace.engine.runner.step_checks import check_step
-from headrace.request import SamplingParams
+from headrace.request import PENDING_TOKEN, SamplingParams
 
 BS, POOL, CONTEXT, VOCAB = 4, 10, 64, 100
 P = SamplingParams()
@@ -53,3 +53,17 @@ def test_the_request_at_fault_is_named(req: ScheduledRequest, message: str) -> N
 
 def test_a_short_table_is_left_to_the_layout_which_names_it() -> None:
     _check(_decode("short", 9, [1]))  # step_inputs refuses it: "1 blocks cannot hold 10 tokens"
+
+
+def test_a_placeholder_passes_only_as_a_decodes_token_where_a_step_kept_its_picks() -> None:
+    pending = _decode("p", 5, [1, 2], token=PENDING_TOKEN)
+    out = SchedulerOutput([_decode("a", 5, [1, 2]), pending])
+    check_step(out, CONTEXT, VOCAB, POOL, BS, True, pending_ok=True)
+    with pytest.raises(ValueError, match="request p: token id outside"):
+        check_step(out, CONTEXT, VOCAB, POOL, BS, True)  # no step before kept its picks
+    chunk = ScheduledRequest("c", [3, PENDING_TOKEN], 0, [3], True, P, 0)
+    with pytest.raises(ValueError, match="request c: token id outside"):
+        check_step(SchedulerOutput([pending, chunk]), CONTEXT, VOCAB, POOL, BS, True, True)
+    below = _decode("b", 5, [1, 2], token=PENDING_TOKEN - 1)
+    with pytest.raises(ValueError, match="request b: token id outside"):
+        check_step(SchedulerOutput([below]), CONTEXT, VOCAB, POOL, BS, True, True)

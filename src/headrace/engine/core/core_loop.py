@@ -79,6 +79,9 @@ def run_core_loop(
             if isinstance(msg, Shutdown):
                 return
             if isinstance(msg, LoraCommand):  # between steps: no forward sees it half-done
+                landed = core.drain()  # nor one still in flight (--async-scheduling)
+                if landed:
+                    send(CoreOutputs(landed, core.stats()))
                 send(core.apply_lora(msg))
                 continue
             _handle(core, msg)

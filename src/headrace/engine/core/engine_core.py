@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 
 from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
-from headrace.engine.core.lora_residency import LoraResidency
+from headrace.engine.core.lora_residency import lora_residency
+from headrace.engine.core.overlap import overlap_for
 from headrace.engine.core.step_retry import execute_isolating_failures
 from headrace.engine.kv.block_manager import BlockManager
 from headrace.engine.messages import (
@@ -84,7 +85,9 @@ class EngineCore:
         self.last_stats = self.scheduler.stats()
         self.last_step_scheduled = False  # whether the last step ran the model at all
         self.lora_tokens: dict[int, int] = {}  # adapter id -> tokens computed with it
-        self.lora_residency = _lora_residency(scheduler_config, runner, self.scheduler)
+        self.lora_residency = lora_residency(scheduler_config, runner, self.scheduler)
+        wanted = scheduler_config.async_scheduling
+        self.overlap = overlap_for(wanted, runner, self.scheduler, self._update, self._fail_culprit)
 
     @classmethod
     def from_configs(
@@ -149,7 +152,11 @@ class EngineCore:
             return LoraDone(cmd.command_id, str(e) if isinstance(e, ValueError) else repr(e))
         return LoraDone(cmd.command_id)
 
-    def _with_loras(self, stats: StepStats) -> StepStats:
+    def _with_core_counts(self, stats: StepStats) -> StepStats:
+        """The scheduler's stats and what the core counts itself: adapters, overlapped steps."""
+        if self.overlap is not None:
+            total = self.overlap.overlapped_total
+            stats = msgspec.structs.replace(stats, steps_overlapped_total=total)
         loras = getattr(self.runner, "loras", None)
         if loras is None:
             return stats
@@ -185,7 +192,7 @@ class EngineCore:
 
     def stats(self) -> StepStats:
         """The gauges now (between steps, e.g. while idle)."""
-        return self._with_loras(self.scheduler.stats())
+        return self._with_core_counts(self.scheduler.stats())
 
     def ready_message(self, served_model_name: str | None = None) -> CoreReady:
         """What the front end learns of this core once its model is loaded."""
@@ -204,25 +211,38 @@ class EngineCore:
         return self.scheduler.abort_request(request_id)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self.in_flight
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a launched step's tokens are still to be read (--async-scheduling)."""
+        return self.overlap is not None and self.overlap.in_flight is not None
 
     def step(self) -> tuple[list[RequestOutput], StepStats]:
         start = time.perf_counter()
+        ran_before = self.in_flight
         out = self._schedule()
         if self.lora_residency is not None:
             self.lora_residency.fail_unreadable()  # their requests end with this step
-        result = RunnerOutput(sampled={})
-        if not out.is_empty:
-            result = execute_isolating_failures(self.runner.execute, out, self._fail_culprit)
-            for s in out.scheduled:
-                if s.lora_id:
-                    self.lora_tokens[s.lora_id] = self.lora_tokens.get(s.lora_id, 0) + len(
-                        s.token_ids
-                    )
-        outputs = self._update(out, result)
-        self.last_stats = self._with_loras(self.scheduler.stats(out, time.perf_counter() - start))
-        self.last_step_scheduled = not out.is_empty
+        keep = self.overlap is not None and self.scheduler.may_overlap(out)
+        if self.overlap is not None and (ran_before or keep):
+            outputs = self.overlap.step(out, keep)
+        else:
+            result = RunnerOutput(sampled={})
+            if not out.is_empty:
+                result = execute_isolating_failures(self.runner.execute, out, self._fail_culprit)
+            outputs = self._update(out, result)
+        for s in out.scheduled:
+            if s.lora_id:
+                self.lora_tokens[s.lora_id] = self.lora_tokens.get(s.lora_id, 0) + len(s.token_ids)
+        stats = self.scheduler.stats(out, time.perf_counter() - start)
+        self.last_stats = self._with_core_counts(stats)
+        self.last_step_scheduled = not out.is_empty or ran_before
         return outputs, self.last_stats
+
+    def drain(self) -> list[RequestOutput]:
+        """Read the step in flight, if any (before a LoRA change): its outputs."""
+        return self.overlap.drain() if self.overlap is not None else []
 
     # -- a step that breaks down fails the requests involved, never the core ---------------
 
@@ -267,20 +287,6 @@ def model_runner(
     for name, path in model_config.lora_paths.items():
         runner.loras.load(name, path)
     return runner
-
-
-def _lora_residency(
-    config: SchedulerConfig, runner: Runner, scheduler: Scheduler
-) -> LoraResidency | None:
-    """With --max-cpu-loras, the scheduler admits an adapter request once its weights are in
-    memory (lora_residency.py); without it every adapter always is."""
-    loras = getattr(runner, "loras", None)  # test runners hold no adapters
-    if loras is None or config.max_cpu_loras is None:
-        return None
-    loras.set_max_resident(config.max_cpu_loras)  # a runner built elsewhere: trim it now
-    residency = LoraResidency(loras, scheduler)
-    scheduler.run.lora_ready = residency.ready
-    return residency
 
 
 def _describe(e: Exception) -> str:

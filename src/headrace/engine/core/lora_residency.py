@@ -20,6 +20,7 @@ import logging
 from collections.abc import Collection
 from typing import Protocol
 
+from headrace.config import SchedulerConfig
 from headrace.engine.sched.scheduler import Scheduler
 from headrace.lora.names import LoraError
 from headrace.request import Request, lora_salt_suffix
@@ -80,3 +81,17 @@ class LoraResidency:
     def _name(self, adapter_id: int) -> str:
         names = [n for n, i in self.adapters.ids.items() if i == adapter_id]
         return names[0] if names else f"#{adapter_id}"
+
+
+def lora_residency(
+    config: SchedulerConfig, runner: object, scheduler: Scheduler
+) -> LoraResidency | None:
+    """With --max-cpu-loras, the scheduler admits an adapter request once its weights are in
+    memory; without it every adapter always is."""
+    loras = getattr(runner, "loras", None)  # test runners hold no adapters
+    if loras is None or config.max_cpu_loras is None:
+        return None
+    loras.set_max_resident(config.max_cpu_loras)  # a runner built elsewhere: trim it now
+    residency = LoraResidency(loras, scheduler)
+    scheduler.run.lora_ready = residency.ready
+    return residency

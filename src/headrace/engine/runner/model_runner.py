@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -17,12 +16,14 @@ from headrace.engine.outputs import RunnerOutput, SchedulerOutput
 from headrace.engine.runner.block_rows import BlockRows
 from headrace.engine.runner.decode_graphs import DecodeGraphs, decode_graphs
 from headrace.engine.runner.determinism import choose_matmuls
+from headrace.engine.runner.fault_injection import inject_fault, poison_token_from_env
 from headrace.engine.runner.head_picks import (
     int8_greedy_head,
     pick_tokens,
     runner_output,
     screened_sampler,
 )
+from headrace.engine.runner.launched import LastTokens, Launched
 from headrace.engine.runner.precision import pick_device, pick_dtype
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.step_checks import check_step
@@ -38,8 +39,6 @@ from headrace.lora.manager import LoraManager
 from headrace.models.base import CausalLM
 
 log = logging.getLogger(__name__)
-# Fault injection for tests: a step that computes this token id raises (unset: no effect).
-POISON_TOKEN_ENV = "HEADRACE_FAULT_POISON_TOKEN"
 
 
 def generation_eos_ids(model_dir: Path) -> tuple[int, ...]:
@@ -48,16 +47,6 @@ def generation_eos_ids(model_dir: Path) -> tuple[int, ...]:
         return ()
     eos = read_json(path, "generation config").get("eos_token_id")
     return () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
-
-
-def _poison_token_from_env() -> int | None:
-    raw = os.environ.get(POISON_TOKEN_ENV, "").strip()
-    if not raw:
-        return None
-    log.warning(
-        "%s=%s: steps computing token %s will fail (a testing aid)", POISON_TOKEN_ENV, raw, raw
-    )
-    return int(raw)
 
 
 class ModelRunner:
@@ -155,10 +144,11 @@ class ModelRunner:
         )
         self.max_model_len = _context_in_pool(max_model_len, self.num_kv_blocks * self.block_size)
         self.block_rows = BlockRows(self.num_kv_blocks)  # the decodes' tables, between steps
+        self.last_tokens = LastTokens()  # the last step's picks, where --async-scheduling reads
 
     def _finish_setup(self, model_dir: Path | None, deterministic: bool) -> None:
         """Attention path and fault injection; then the wait for the background builds."""
-        self.poison_token = _poison_token_from_env()
+        self.poison_token = poison_token_from_env()
         args = self.model.args
         shape = (args.num_heads, args.num_kv_heads, args.head_dim, self.block_size)
         self.paged_kernel = paged_decode_supported(self.device, self.dtype, shape)
@@ -191,8 +181,18 @@ class ModelRunner:
         )
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        return self.finish(self.launch(out))
+
+    def finish(self, launched: Launched) -> RunnerOutput:
+        """A launched step's tokens (waits for the device where it still runs)."""
+        return launched.read()
+
+    def launch(self, out: SchedulerOutput, keep: bool = False) -> Launched:
+        """Run step `out` up to its picks. `keep`: its sampled ids stay on the device for the
+        next step's placeholders, which may be launched before these are read (the step's
+        rows are plain then: core/overlap.py)."""
         if out.is_empty:
-            return RunnerOutput(sampled={})
+            return Launched(RunnerOutput(sampled={}))
         inputs = self._step_inputs(out)
         with torch.inference_mode():
             graphs = self.decode_graphs
@@ -203,12 +203,18 @@ class ModelRunner:
                     inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta
                 )  # [T, H]
             if not inputs.sampled:
-                return RunnerOutput(sampled={})
+                self.last_tokens.clear()
+                return Launched(RunnerOutput(sampled={}))
             # The sampled rows, then the drafts' rows: one pass over the head for all of them.
             drafts = inputs.draft_rows
             rows = hidden[
                 inputs.sample_rows if drafts is None else torch.cat([inputs.sample_rows, drafts])
             ]
+            if keep and self.greedy_head is None:  # the picks stay on the device
+                ids = [r.request_id for r in inputs.sampled]
+                tokens = self.sampler.choose(self.model.compute_logits(rows), inputs.sampled)
+                self.last_tokens.keep(ids, tokens)
+                return Launched.on_device(ids, tokens)
             picked = pick_tokens(
                 rows,
                 inputs.sampled,
@@ -219,7 +225,11 @@ class ModelRunner:
                 self.screened_sampler,
             )
             self.grammars.advance(inputs.sampled, picked.tokens, picked.ends)
-        return runner_output(inputs.sampled, picked)
+        self.last_tokens.clear()
+        if keep:  # the int8 head's picks (the CPU): lists, kept as a tensor for the next step
+            ids = [r.request_id for r in inputs.sampled]
+            self.last_tokens.keep(ids, torch.tensor(picked.tokens, dtype=torch.int64))
+        return Launched(runner_output(inputs.sampled, picked))
 
     def _step_inputs(self, out: SchedulerOutput) -> StepInputs:
         """Checks, the step's tensors, grammars and LoRA rows."""
@@ -227,7 +237,7 @@ class ModelRunner:
         self.grammars.drop(out.finished_ids)
         paged = self.paged_kernel
         limits = (self.max_model_len, self.vocab_size, self.num_kv_blocks, self.block_size)
-        check_step(out, *limits, decode_blocks_checked=paged)
+        check_step(out, *limits, decode_blocks_checked=paged, pending_ok=self.last_tokens.held)
         inputs = build_step_inputs(  # checks the decodes' new blocks (block_rows)
             out.scheduled,
             self.block_size,
@@ -239,8 +249,9 @@ class ModelRunner:
             per_token=self.per_token_attention,
             block_rows=self.block_rows,
         )
+        self.last_tokens.fill(inputs.input_ids, inputs.pending)  # --async-scheduling
         if self.poison_token is not None:
-            self._inject_fault(out, self.poison_token)
+            inject_fault(out, self.poison_token)
         self.grammars.prepare(out.scheduled)  # matchers build while the model computes
         self.loras.set_rows(inputs.lora_segments)
         return inputs
@@ -252,14 +263,6 @@ class ModelRunner:
 
     def wait_greedy_head(self) -> Int8GreedyHead | None:
         return self._greedy_head.result()
-
-    @staticmethod
-    def _inject_fault(out: SchedulerOutput, token: int) -> None:
-        for req in out.scheduled:
-            if token in req.token_ids:
-                raise RuntimeError(
-                    f"{POISON_TOKEN_ENV}: request {req.request_id} has token {token}"
-                )
 
     def describe(self) -> dict[str, str | int]:
         return {

@@ -45,7 +45,7 @@ class Sampler:
         """logits [S, V] (any float dtype), one row per request -> token ids and logprobs
         (logprobs from the raw logits, before any processor, as OpenAI and vLLM)."""
         processed = [i for i, r in enumerate(requests) if r.logits_inputs is not None]
-        tokens = self._choose(logits, requests, skip=processed)  # [S]
+        tokens = self.choose(logits, requests, skip=processed)  # [S]
         if processed:
             rows = to_device(processed, logits.device, torch.int64)
             subset = [requests[i] for i in processed]
@@ -54,7 +54,7 @@ class Sampler:
             if own is logits:  # already float32: the raw logits stay for the logprobs
                 own = own.clone()
             x = apply_processors(own, subset)  # [P, V] float32
-            tokens[rows] = self._choose(x, subset)
+            tokens[rows] = self.choose(x, subset)
         chosen = tokens.tolist()
         return chosen, _logprobs(logits, requests, chosen)
 
@@ -67,10 +67,11 @@ class Sampler:
         there uses the seed's number for that output index, as a plain step would."""
         return [int(t) for t in self._draw(logits, list(owners), ahead).tolist()]
 
-    def _choose(
+    def choose(
         self, logits: torch.Tensor, requests: Sequence[ScheduledRequest], skip: Sequence[int] = ()
     ) -> torch.Tensor:
-        """logits [S, V] -> token ids [S]; rows in `skip` get an argmax to be replaced."""
+        """logits [S, V] -> token ids [S], on the logits' device (no logprobs, no processors:
+        rows in `skip` get an argmax to be replaced)."""
         skipped = set(skip)
         if len(skipped) == len(requests):
             return torch.empty(len(requests), dtype=torch.int64, device=logits.device)

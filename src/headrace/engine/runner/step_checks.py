@@ -10,6 +10,7 @@ from itertools import chain, repeat
 from operator import attrgetter
 
 from headrace.engine.outputs import ScheduledRequest, SchedulerOutput
+from headrace.request import PENDING_TOKEN
 
 _START, _IDS, _BLOCKS = attrgetter("start_pos"), attrgetter("token_ids"), attrgetter("block_ids")
 
@@ -21,10 +22,12 @@ def check_step(
     num_kv_blocks: int,
     block_size: int,
     decode_blocks_checked: bool,
+    pending_ok: bool = False,
 ) -> None:
     """ValueError naming the first request out of bounds. `decode_blocks_checked`: a decode's
     table is checked where it is written (runner/block_rows.py), once, not every step; here
-    only the block its token's K/V go to, every step.
+    only the block its token's K/V go to, every step. `pending_ok`: a decode's token may be
+    PENDING_TOKEN (the runner fills it from the step before, or refuses it by name).
 
     The whole step is checked in a few passes in C (map, chain, min, max: no Python call a
     request, which at 256 decodes cost 0.1 ms a step); a step that fails them is walked
@@ -40,15 +43,22 @@ def check_step(
         blocks += _written_blocks([r for r in reqs if len(r.token_ids) == 1], block_size)
     else:
         blocks = list(chain.from_iterable(map(_BLOCKS, reqs)))
+    lo = PENDING_TOKEN if pending_ok else 0
     if (
         last > max_model_len
-        or (ids and not 0 <= min(ids) <= max(ids) < vocab_size)
+        or (ids and not lo <= min(ids) <= max(ids) < vocab_size)
         or (blocks and not 0 <= min(blocks) <= max(blocks) < num_kv_blocks)
+        or (ids and min(ids) < 0 and _pending_in_chunk(reqs))
     ):
         for req in reqs:
             whole = not decode_blocks_checked or len(req.token_ids) > 1
-            _check_one(req, max_model_len, vocab_size, num_kv_blocks, block_size, whole)
+            _check_one(req, max_model_len, vocab_size, num_kv_blocks, block_size, whole, lo)
         raise ValueError("a step out of bounds")  # not reached: one request above is
+
+
+def _pending_in_chunk(reqs: list[ScheduledRequest]) -> bool:
+    """A negative id past a decode's one token (a placeholder stands for no other)."""
+    return any(min(r.token_ids) < 0 for r in reqs if len(r.token_ids) > 1)
 
 
 def _written_blocks(decodes: list[ScheduledRequest], block_size: int) -> list[int]:
@@ -68,14 +78,16 @@ def _check_one(
     num_kv_blocks: int,
     block_size: int,
     whole: bool,
+    lo: int = 0,
 ) -> None:
     ids = req.token_ids
+    lo = lo if len(ids) == 1 else 0  # a placeholder stands only for a decode's one token
     if req.start_pos + len(ids) > max_model_len:
         raise ValueError(
             f"request {req.request_id}: position {req.start_pos + len(ids) - 1}"
             f" is past max_model_len {max_model_len}"
         )
-    if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
+    if ids and not lo <= min(ids) <= max(ids) < vocab_size:
         raise ValueError(f"request {req.request_id}: token id outside [0, {vocab_size})")
     at = req.start_pos // block_size
     blocks = req.block_ids if whole else req.block_ids[at : at + 1]

@@ -20,6 +20,7 @@ from headrace.engine.runner.block_rows import BlockRows
 from headrace.engine.runner.staging import Staging
 from headrace.kernels.host_copy import to_device
 from headrace.layers.attention import AttentionMetadata, KVView, PrefillChunk, Window
+from headrace.request import PENDING_TOKEN
 
 
 @dataclass
@@ -33,6 +34,9 @@ class StepInputs:
     draft_rows: torch.Tensor | None = None
     # (adapter id, first row, end row) of every request of a LoRA adapter (base rows omitted)
     lora_segments: list[tuple[int, int, int]] = field(default_factory=list)
+    # (row, request id) of each decode whose token the step before samples (PENDING_TOKEN in
+    # input_ids until the runner fills it on the device: --async-scheduling)
+    pending: list[tuple[int, str]] = field(default_factory=list)
 
 
 def build_step_inputs(
@@ -88,7 +92,16 @@ def build_step_inputs(
         rows.sampled,
         draft_rows if rows.draft_rows else None,
         rows.lora_segments,
+        _pending(rows.ids, ordered),
     )
+
+
+def _pending(ids: list[int], ordered: list[ScheduledRequest]) -> list[tuple[int, str]]:
+    """The placeholders' rows (only a decode has one: step_checks.py); one C pass when there
+    are none."""
+    if not ids or min(ids) != PENDING_TOKEN:
+        return []
+    return [(i, ordered[i].request_id) for i, t in enumerate(ids) if t == PENDING_TOKEN]
 
 
 class _Rows(NamedTuple):

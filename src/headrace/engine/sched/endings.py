@@ -41,6 +41,7 @@ class Endings:
         else:
             self.queue.remove(req)
         self.blocks.free(req.request_id)
+        req.drop_pending()  # ended before its launched step landed: that token is not its own
         req.status = status
         del self.requests[req.request_id]
         self.finished_ids.append(req.request_id)

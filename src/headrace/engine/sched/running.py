@@ -121,6 +121,7 @@ class RunningSet:
         """Free the victim's blocks and send it back to wait; returns the budget it held."""
         self.requests.remove(victim)
         self.blocks.free(victim.request_id)
+        victim.drop_pending()  # its launched step's token is dropped: recomputed, drawn again
         victim.num_recomputed_tokens += victim.num_computed_tokens
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED

@@ -27,6 +27,7 @@ from headrace.engine.sched.admission import make_admission
 from headrace.engine.sched.admit import Admitter
 from headrace.engine.sched.endings import Endings
 from headrace.engine.sched.fair_queue import FairQueue
+from headrace.engine.sched.overlappable import overlappable
 from headrace.engine.sched.running import RunningSet
 from headrace.engine.sched.speculator import Speculator
 from headrace.engine.sched.step_budget import StepBudget
@@ -34,7 +35,7 @@ from headrace.engine.sched.step_plan import prompt_tokens, scheduled_request
 from headrace.engine.sched.step_stats import collect_stats
 from headrace.engine.sched.step_update import StepUpdate
 from headrace.engine.sched.waiting_queue import WaitingQueue
-from headrace.request import Request, RequestStatus
+from headrace.request import PENDING_TOKEN, Request, RequestStatus
 
 
 class Scheduler:
@@ -66,6 +67,7 @@ class Scheduler:
         self.endings = Endings(self.requests, self.run, self.queue, block_manager, self.admission)
         self.admitter = Admitter(config, self.kv, self.queue, self.run, self.admission)
         self.updater = StepUpdate(self.kv, self.spec, self.endings, max_model_len, clock)
+        self.in_flight = False  # a launched step's tokens are assumed, not read (`assume`)
 
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
@@ -112,9 +114,12 @@ class Scheduler:
         plan: dict[str, int] = {}  # request id -> tokens this step, in scheduling order
         budget = self.budget.next(self.running, self.queue)
         preempted: set[str] = set()
-        draft = self._draft if self.spec.begin_step(len(self.running)) else None
+        speculates = self.spec.begin_step(len(self.running)) and not self.in_flight
+        draft = self._draft if speculates else None  # drafts need the tokens before them
         yields = self.yields.sits_out(self.running, self.queue)
         sits_out = yields or bg.nobody
+        if self.in_flight:
+            sits_out = self._or_ends_in_flight(sits_out)
         for _ in range(2):  # the second pass only if the urgent prompt could not start
             budget = self.run.plan(budget, plan, preempted, draft, sits_out)
             budget = self.admitter.admit(budget, plan, preempted, now, sits_out)
@@ -124,12 +129,46 @@ class Scheduler:
             sits_out = bg.nobody
         return self._build_output(plan, now)
 
+    def assume(self, out: SchedulerOutput) -> None:
+        """Step `out` is launched and its tokens are not read yet (--async-scheduling): its
+        requests move on as if each had its token (a placeholder, PENDING_TOKEN), so that the
+        next step is scheduled while it runs. `update(out, ...)` puts the real tokens in."""
+        for s in out.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue  # ended since (its row's token is dropped when the step lands)
+            req.num_computed_tokens = s.start_pos + len(s.token_ids)
+            if s.sample:
+                req.output_token_ids.append(PENDING_TOKEN)
+                req.pending = True
+        self.in_flight = True
+
+    def may_overlap(self, out: SchedulerOutput) -> bool:
+        """Whether the step after `out` may be scheduled before `out`'s tokens are read: its
+        rows need no host (`overlappable`), and the next step would carry no drafts (few
+        running requests speculate, and drafts are found in the tokens before them)."""
+        return not self.spec.speculates(len(self.running)) and overlappable(out)
+
+    def _or_ends_in_flight(self, sits_out: Callable[[Request], bool]) -> Callable[[Request], bool]:
+        """`sits_out`, and a request whose token in flight is surely its last (its length
+        limit): a row for it in the next step would be wasted."""
+        limit = self.max_model_len
+
+        def sits(req: Request) -> bool:
+            if sits_out(req):
+                return True
+            full = req.num_output_tokens >= req.params.max_tokens or req.num_tokens >= limit
+            return req.pending and full
+
+        return sits
+
     def _draft(self, req: Request, budget: int) -> int:
         return self.spec.draft(req, budget, partial(self.blocks.can_fit, req.request_id))
 
     def update(self, out: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
         """Take the step's tokens: stop checks, KV bookkeeping, the outputs (step_update.py)."""
         self.num_tokens_total += out.num_batched_tokens
+        self.in_flight = False  # its placeholders go now (a next one in flight: `assume` again)
         self.updater.apply(out, result)
         return self.take_outputs()
 

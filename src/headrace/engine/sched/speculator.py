@@ -23,6 +23,10 @@ class Speculator:
     def begin_step(self, num_running: int) -> bool:
         """Forget the last step's drafts; whether this step speculates (few requests run)."""
         self._drafts = {}
+        return self.speculates(num_running)
+
+    def speculates(self, num_running: int) -> bool:
+        """Whether a step with this many running requests carries drafts."""
         return self.proposer.num_tokens > 0 and num_running <= self.max_seqs
 
     def draft(self, req: Request, budget: int, fits: Callable[[int], bool]) -> int:

@@ -48,6 +48,7 @@ class StepUpdate:
                 self.endings.fail([s.request_id], f"engine error: {type(e).__name__}: {e}")
 
     def _update_one(self, req: Request, s: ScheduledRequest, result: RunnerOutput) -> None:
+        req.drop_pending()  # the placeholder of this step's token (--async-scheduling)
         token = result.sampled.get(s.request_id) if s.sample else None
         drafts = s.draft_token_ids
         if token is None:

@@ -1,0 +1,83 @@
+"""A step launched and not yet read (--async-scheduling, engine/core/overlap.py).
+
+Its sampled ids stay on the device, where the next step's placeholders are filled from them
+(`LastTokens`), and reach the host in one copy queued behind the step (pinned memory and an
+event on CUDA), so reading them never holds up the launch of the step after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from headrace.engine.outputs import RunnerOutput
+from headrace.kernels.host_copy import to_device
+
+
+@dataclass
+class Launched:
+    """`result` where the host made the picks (lists already), else the picks on the device."""
+
+    result: RunnerOutput | None = None
+    ids: Sequence[str] = ()  # the sampled requests, in row order
+    tokens: torch.Tensor | None = None  # [S] int64, where the step ran
+    host: torch.Tensor | None = None  # [S] the copy on its way (CUDA), pinned
+    ready: torch.cuda.Event | None = None
+
+    @classmethod
+    def on_device(cls, ids: Sequence[str], tokens: torch.Tensor) -> Launched:
+        if tokens.device.type != "cuda":
+            return cls(ids=ids, tokens=tokens)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        ready.record()
+        return cls(ids=ids, tokens=tokens, host=host, ready=ready)
+
+    def read(self) -> RunnerOutput:
+        """The step's tokens by request (waits for the device where it still runs)."""
+        if self.result is not None:
+            return self.result
+        assert self.tokens is not None
+        if self.ready is not None and self.host is not None:
+            self.ready.synchronize()
+            values = self.host.tolist()
+        else:
+            values = self.tokens.tolist()
+        return RunnerOutput(dict(zip(self.ids, values, strict=True)))
+
+
+class LastTokens:
+    """The last launched step's sampled ids, where the step after it finds its placeholders'
+    tokens (kept only for a step that overlaps the next: `keep`)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, int] = {}  # request id -> its row in `tokens`
+        self.tokens: torch.Tensor | None = None  # [S] int64 on the device
+
+    @property
+    def held(self) -> bool:
+        return self.tokens is not None
+
+    def keep(self, ids: Sequence[str], tokens: torch.Tensor) -> None:
+        self.rows = {rid: i for i, rid in enumerate(ids)}
+        self.tokens = tokens
+
+    def clear(self) -> None:
+        self.rows, self.tokens = {}, None
+
+    def fill(self, input_ids: torch.Tensor, pending: Sequence[tuple[int, str]]) -> None:
+        """Write into `input_ids` [T] each placeholder's token: (row, request id) pairs."""
+        if not pending:
+            return
+        tokens = self.tokens
+        missing = [rid for _, rid in pending if rid not in self.rows]
+        if tokens is None or missing:
+            name = missing[0] if missing else pending[0][1]
+            raise ValueError(f"request {name}: a pending token no launched step samples")
+        device = input_ids.device
+        at = to_device([row for row, _ in pending], device, torch.int64)
+        src = to_device([self.rows[rid] for _, rid in pending], device, torch.int64)
+        input_ids[at] = tokens[src]
