@@ -12,6 +12,7 @@ sites, so a little slower than without).
     .venv/bin/python bench/engine_loop.py --streams 32 --requests 96
     .venv/bin/python bench/engine_loop.py --streams 32 --requests 96 --temperature 0.8 --profile
     .venv/bin/python bench/engine_loop.py --streams 64 --requests 192 --temperature 1.0 --top-p 0.95
+    .venv/bin/python bench/engine_loop.py --streams 32 --requests 96 --async-scheduling
 """
 
 from __future__ import annotations
@@ -81,10 +82,13 @@ class Kind:
         }
 
 
-def warmed_core(rng: random.Random, temperature: float, top_p: float) -> tuple[EngineCore, int]:
+def warmed_core(
+    rng: random.Random, temperature: float, top_p: float, overlap: bool = False
+) -> tuple[EngineCore, int]:
     """The core, its KV pool touched and four requests drawn from `rng` run; and the model's
-    vocabulary."""
-    core = EngineCore.from_configs(ModelConfig(), CacheConfig(), SchedulerConfig())
+    vocabulary. `overlap`: --async-scheduling."""
+    sched = SchedulerConfig(async_scheduling=overlap)
+    core = EngineCore.from_configs(ModelConfig(), CacheConfig(), sched)
     assert isinstance(core.runner, ModelRunner)
     # A fresh pool's pages are faulted in by the first step to write them (1.3 s a GiB here,
     # kv_cache.py); a server that has run a while has paid that, so the loop does it first.
@@ -100,7 +104,7 @@ def warmed_core(rng: random.Random, temperature: float, top_p: float) -> tuple[E
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    core, vocab = warmed_core(rng, args.temperature, args.top_p)
+    core, vocab = warmed_core(rng, args.temperature, args.top_p, args.async_scheduling)
     if args.profile:
         step_profile.instrument()
     sent = out_tokens = 0
@@ -128,6 +132,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "requests": args.requests,
         "temperature": args.temperature,
         "top_p": args.top_p,
+        "async_scheduling": args.async_scheduling,
+        "steps_overlapped": core.last_stats.steps_overlapped_total,
         "wall_s": round(wall, 2),
         "output_tokens": out_tokens,
         "output_tokens_per_s": round(out_tokens / wall, 1),
@@ -148,6 +154,7 @@ def main() -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1016)
     p.add_argument("--profile", action="store_true", help="seconds per category and kind")
+    p.add_argument("--async-scheduling", action="store_true", help="steps overlap (engine.md)")
     print(json.dumps(run(p.parse_args()), indent=1))
 
 
