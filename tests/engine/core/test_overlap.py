@@ -198,3 +198,37 @@ def test_with_tokens_fills_each_placeholder_and_leaves_the_rest():
     out = with_tokens(SchedulerOutput([a, b, c], ["x"]), {"a": 42})
     assert [s.token_ids for s in out.scheduled] == [[42], [7, 8], [0]]
     assert out.finished_ids == ["x"] and out.scheduled[1] is b
+
+
+def test_an_id_reused_while_its_old_step_is_in_flight_gets_only_its_own_tokens():
+    engine = _engine()
+    kw = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    old, new = make_prompt(1, 5), make_prompt(2, 9)
+    engine.add("a", old, **kw)
+    engine.add("b", make_prompt(3, 4), **kw)
+    for _ in range(3):
+        engine.step()
+    assert engine.core.in_flight
+    engine.core.abort_request("a")
+    engine.add("a", new, **kw)  # the old one's token is still in flight: that step lands first
+    assert not engine.core.in_flight
+    engine.tokens["a"] = []
+    engine.run()
+    assert engine.tokens["a"] == fake_reference(new, SamplingParams(**kw))
+    assert engine.tokens["b"] == fake_reference(make_prompt(3, 4), SamplingParams(**kw))
+    _assert_clean(engine)
+
+
+def test_a_request_at_its_limit_sits_out_the_pass_that_background_requests_get_back():
+    runner = FakeLaunchingRunner(poison_full_blocks=True)
+    engine = _engine(runner, max_num_seqs=2, max_preemptions=0)  # the urgent one waits
+    short = {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+    engine.add("r", make_prompt(1, 3), priority=1, **short)
+    engine.add("batch", make_prompt(2, 3), priority=2, max_tokens=30, temperature=0.0)
+    for _ in range(3):
+        engine.step()
+    engine.add("urgent", make_prompt(3, 6), priority=0, **short)  # no seat: both passes run
+    engine.run()
+    rows = sum(s.sample for out in runner.launches for s in out.scheduled if s.request_id == "r")
+    assert len(engine.tokens["r"]) == 4 and rows == 4
+    assert engine.tokens["urgent"] == fake_reference(make_prompt(3, 6), SamplingParams(**short))

@@ -110,6 +110,9 @@ class EngineCore:
     def add_request(self, r: EngineCoreRequest) -> None:
         """Queue a request; ValueError (stating the limits) if it could never run."""
         r.validate()
+        if self.overlap is not None and self.overlap.holds(r.request_id):
+            for landed in self.drain():  # an ended request's id, its step still in flight:
+                self.scheduler.emit(landed)  # that step lands first, not on the new one
         now = self.clock()
         # Deadlines count from the HTTP arrival when the front end stamped it (never later
         # than now, should the clocks disagree).

@@ -111,6 +111,11 @@ class Overlap:
             return outputs
         return outputs + self.update(out, result)
 
+    def holds(self, request_id: str) -> bool:
+        """Whether the step in flight has a row of that id (asked only when a request comes)."""
+        flight = self.in_flight
+        return flight is not None and any(s.request_id == request_id for s in flight.out.scheduled)
+
     def drain(self) -> list[RequestOutput]:
         """Land the step in flight, if any: its outputs."""
         return self.drain_with_result()[1] if self.in_flight is not None else []

@@ -1,4 +1,8 @@
-"""A testing aid: a step that computes a given token id raises (tests/api/test_poison.py)."""
+"""A testing aid: a step that computes a given token id raises (tests/api/test_poison.py).
+
+It reads the step's token ids on the host: with --async-scheduling a decode whose token the
+step before sampled carries a placeholder there, so only prompt tokens (and steps run in
+series) can trip it."""
 
 from __future__ import annotations
 

@@ -44,11 +44,13 @@ def check_step(
     else:
         blocks = list(chain.from_iterable(map(_BLOCKS, reqs)))
     lo = PENDING_TOKEN if pending_ok else 0
+    least = min(ids, default=0)
     if (
         last > max_model_len
-        or (ids and not lo <= min(ids) <= max(ids) < vocab_size)
+        or not lo <= least
+        or max(ids, default=0) >= vocab_size
         or (blocks and not 0 <= min(blocks) <= max(blocks) < num_kv_blocks)
-        or (ids and min(ids) < 0 and _pending_in_chunk(reqs))
+        or (least < 0 and _pending_in_chunk(reqs))
     ):
         for req in reqs:
             whole = not decode_blocks_checked or len(req.token_ids) > 1

@@ -117,16 +117,14 @@ class Scheduler:
         speculates = self.spec.begin_step(len(self.running)) and not self.in_flight
         draft = self._draft if speculates else None  # drafts need the tokens before them
         yields = self.yields.sits_out(self.running, self.queue)
-        sits_out = yields or bg.nobody
-        if self.in_flight:
-            sits_out = self._or_ends_in_flight(sits_out)
+        sits_out = self._or_ends_in_flight(yields or bg.nobody)
         for _ in range(2):  # the second pass only if the urgent prompt could not start
             budget = self.run.plan(budget, plan, preempted, draft, sits_out)
             budget = self.admitter.admit(budget, plan, preempted, now, sits_out)
             planned = (self.requests[rid] for rid in plan)
             if yields is None or not self.yields.given_back(planned, self.running):
                 break
-            sits_out = bg.nobody
+            sits_out = self._or_ends_in_flight(bg.nobody)
         return self._build_output(plan, now)
 
     def assume(self, out: SchedulerOutput) -> None:
@@ -150,8 +148,10 @@ class Scheduler:
         return not self.spec.speculates(len(self.running)) and overlappable(out)
 
     def _or_ends_in_flight(self, sits_out: Callable[[Request], bool]) -> Callable[[Request], bool]:
-        """`sits_out`, and a request whose token in flight is surely its last (its length
-        limit): a row for it in the next step would be wasted."""
+        """`sits_out`, and, with a step in flight, a request whose token there is surely its
+        last (its length limit): a row for it in the next step would be wasted."""
+        if not self.in_flight:
+            return sits_out
         limit = self.max_model_len
 
         def sits(req: Request) -> bool:
