@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .whl carried (bench/gpu/fetch_wheels.sh):
 # installs the carried wheels, tests the Triton attention kernels, runs bench/gpu/device_bench.py,
-# the host's share of a step (bench/host_step.py), then the CUDA test legs. What it measures
-# lands in $OUT (h200.json, host_step.json, kernel.log, tests.log, bench.log). Budget: <= 8 min.
+# the host's share of a step (bench/host_step.py, in series and overlapped), then the CUDA test
+# legs. What it measures lands in $OUT (h200.json, host_step.json, host_step_async.json,
+# kernel.log, tests.log, bench.log). Budget: <= 8 min.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/bench.log"
@@ -21,6 +22,8 @@ timeout 250 python bench/gpu/device_bench.py --out "$OUT/h200.json" >>"$OUT/benc
 # the host's share of a decode step on this machine's CPU (no model): set beside the graph steps
 timeout 30 python bench/host_step.py --streams 1,64,256 >"$OUT/host_step.json" 2>>"$OUT/bench.log" \
   || echo "host_step failed (see bench.log)"
+timeout 30 python bench/host_step.py --streams 1,64,256 --async-scheduling \
+  >"$OUT/host_step_async.json" 2>>"$OUT/bench.log" || echo "host_step --async-scheduling failed"
 if python -c 'import transformers' 2>/dev/null; then  # the test models are built with it
   timeout 100 python -m pytest -q -x -k cuda tests/engine/runner/test_model_runner.py \
     tests/engine/runner/test_decode_graphs.py tests/engine/runner/test_staging.py \

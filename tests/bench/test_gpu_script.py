@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -34,12 +36,15 @@ def test_the_device_script_runs_on_the_cpu_and_reports_every_part(tmp_path: Path
         assert engine["join"]["first_token_ms"] > 0
 
 
-def test_the_host_step_bench_it_runs_reports_each_part_within_the_step() -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_host_step_bench_it_runs_reports_each_part_within_the_step(overlap: bool) -> None:
     cmd = [sys.executable, "bench/host_step.py", "--streams", "1,8", "--prompt", "32"]
+    cmd += ["--async-scheduling"] if overlap else []
     done = subprocess.run(
         [*cmd, "--output", "8"], cwd=ROOT, check=True, capture_output=True, timeout=120
     )
     report = json.loads(done.stdout)
+    assert report["async_scheduling"] is overlap
     for streams in ("streams1", "streams8"):
         row = report[streams]
         assert row["steps"] > 0  # decode-only steps with every stream running were timed
