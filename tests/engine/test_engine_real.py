@@ -246,3 +246,26 @@ def test_overlapped_steps_equal_their_solo_runs(runner):
         alone = _alone(runner, r)
         assert runs[r.request_id].tokens == alone.tokens, r.request_id
         assert runs[r.request_id].finish == alone.finish
+
+
+def test_overlapped_steps_mixed_with_penalties_and_logprobs_equal_their_solo_runs(runner):
+    """Rows the host reads (logprobs, a penalty's history) put their steps in series, and the
+    plain rows beside them overlap again after: every request still equals its solo run."""
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    mixed = [
+        EngineCoreRequest(f"m{i}", [3 + i, 9, 4 + 2 * i, 7] * (i + 1), params)
+        for i, params in enumerate(
+            [dataclasses.replace(greedy, max_tokens=30)] * 5
+            + [
+                dataclasses.replace(greedy, repetition_penalty=1.3),
+                dataclasses.replace(greedy, logprobs=2, max_tokens=5),
+                dataclasses.replace(greedy, temperature=0.8, seed=3, presence_penalty=0.5),
+            ]
+        )
+    ]
+    sched = SchedulerConfig(num_speculative_tokens=0, async_scheduling=True)
+    core = EngineCore(sched, runner)
+    runs = _drive(core, {0: mixed[:5], 3: mixed[5:6], 9: mixed[6:]})
+    assert core.last_stats.steps_overlapped_total > 8  # before the others come, and after
+    for r in mixed:
+        assert runs[r.request_id].tokens == _alone(runner, r).tokens, r.request_id
