@@ -30,9 +30,12 @@ def engine_rates(
     gen = torch.Generator().manual_seed(1)
     vocab = runner.vocab_size
 
-    def request(rid: str, n_prompt: int, n_out: int) -> EngineCoreRequest:
+    def request(rid: str, n_prompt: int, n_out: int, sampled: bool = False) -> EngineCoreRequest:
         ids = torch.randint(0, vocab, (n_prompt,), generator=gen).tolist()
-        params = SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True)
+        temperature, top_p = (0.8, 0.95) if sampled else (0.0, 1.0)
+        params = SamplingParams(
+            temperature=temperature, top_p=top_p, max_tokens=n_out, ignore_eos=True
+        )
         return EngineCoreRequest(rid, ids, params)
 
     out: dict[str, Any] = {"prompt_tokens": prompt, "output_tokens": output, "levels": {}}
@@ -48,6 +51,11 @@ def engine_rates(
             "ttft_p50_ms": round(1000 * ttft[len(ttft) // 2], 1),
         }
         print("engine", "async" if overlap else "serial", n, out["levels"][str(n)], flush=True)
+    # sampled (T 0.8, top_p 0.95) at the middle level: top_p's check of wide rows reads the
+    # device inside a step, which an overlapped step would wait on
+    n = streams[len(streams) // 2]
+    wall, _ = _run(core, [request(f"s{n}-{i}", prompt, output, True) for i in range(n)], device)
+    out["sampled"] = {"streams": n, "tokens_per_s": round(n * output / wall, 1)}
     out["join"] = _join_probe(core, request, device, 4 if quick else 64, output)
     return out
 

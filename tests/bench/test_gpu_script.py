@@ -34,6 +34,7 @@ def test_the_device_script_runs_on_the_cpu_and_reports_every_part(tmp_path: Path
         assert set(engine["levels"]) == {"1", "4"}
         assert all(v["tokens_per_s"] > 0 for v in engine["levels"].values())
         assert engine["join"]["first_token_ms"] > 0
+        assert engine["sampled"]["streams"] == 4 and engine["sampled"]["tokens_per_s"] > 0
 
 
 @pytest.mark.parametrize("overlap", [False, True])
