@@ -179,6 +179,12 @@ class SamplingParams:
             or bool(self.bad_words)
         )
 
+    @functools.cached_property  # asked of every row of an overlapped step (--async-scheduling)
+    def reads_host(self) -> bool:
+        """Whether this request's picks are made or read on the host: logits processors (the
+        token history), logprobs, a grammar. Its steps run in series (engine/core/overlap.py)."""
+        return self.processes_logits or self.logprobs is not None or self.grammar is not None
+
     @property
     def uses_output_history(self) -> bool:
         """The processors read the tokens generated so far."""

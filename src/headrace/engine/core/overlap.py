@@ -11,8 +11,8 @@ tokens are known needs two things: the scheduler *assumes* each of N's requests 
 fills each placeholder in N+1's inputs on the device from N's sampled ids.
 
 Only a step whose tokens the host need not read before the next is scheduled overlaps
-(`Scheduler.may_overlap`): no drafts (their acceptance decides the next tokens), no sampled
-row with logprobs, a grammar or logits processors (they read the host's token history), and
+(`Scheduler.may_overlap`): no drafts (their acceptance decides the next tokens), no request
+with logprobs, a grammar or logits processors (their picks are made or read on the host), and
 no speculation due next (few running requests: drafts are found in the tokens before them).
 Any other step runs in series, as does the step after it. What changes for a request: a stop
 token found at N leaves one wasted row in N+1 (its output dropped); an abort or deadline ends
