@@ -31,7 +31,7 @@ from headrace.engine.sched.overlappable import overlappable
 from headrace.engine.sched.running import RunningSet
 from headrace.engine.sched.speculator import Speculator
 from headrace.engine.sched.step_budget import StepBudget
-from headrace.engine.sched.step_plan import prompt_tokens, scheduled_request
+from headrace.engine.sched.step_plan import scheduled_request
 from headrace.engine.sched.step_stats import collect_stats
 from headrace.engine.sched.step_update import StepUpdate
 from headrace.engine.sched.waiting_queue import WaitingQueue
@@ -174,14 +174,18 @@ class Scheduler:
 
     def _build_output(self, plan: dict[str, int], now: float) -> SchedulerOutput:
         scheduled = []
-        self._last_prefill = 0
-        for rid, n in plan.items():
-            req = self.requests[rid]
-            drafts = self.spec.take(rid, n)
-            self._last_prefill += prompt_tokens(req, n)
-            table, epoch = self.blocks.block_table(rid), self.blocks.table_epoch(rid)
+        prefill = 0  # prompt tokens in the step (the rest: generated ones, or drafts)
+        requests, blocks = self.requests, self.blocks
+        for rid, n in plan.items():  # every running request, every step: inline
+            req = requests[rid]
+            drafts = self.spec.take(rid, n) if n > 1 else []
+            left = len(req.prompt_token_ids) - req.num_computed_tokens
+            if left > 0:
+                prefill += min(n, left)
+            table, epoch = blocks.block_table(rid), blocks.table_epoch(rid)
             scheduled.append(scheduled_request(req, n - len(drafts), drafts, table, epoch))
             self.queue.charge(req, n)
+        self._last_prefill = prefill
         # An empty step is not run: keep the ids for the next one.
         finished = self.endings.take_finished_ids() if scheduled else []
         return SchedulerOutput(scheduled=scheduled, finished_ids=finished)

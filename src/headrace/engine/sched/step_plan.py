@@ -12,7 +12,7 @@ def scheduled_request(
 ) -> ScheduledRequest:
     """`req`'s next `n` known tokens, then its speculative `drafts` (if any)."""
     start = req.num_computed_tokens
-    sample = start + n == req.num_tokens
+    sample = start + n == len(req.prompt_token_ids) + len(req.output_token_ids)  # num_tokens
     tokens = token_slice(req, start, n)
     return ScheduledRequest(
         request_id=req.request_id,
@@ -27,12 +27,6 @@ def scheduled_request(
         lora_id=req.lora_id,
         table_epoch=table_epoch,
     )
-
-
-def prompt_tokens(req: Request, n: int) -> int:
-    """How many of the `n` tokens `req` computes next are prompt tokens (the rest: generated
-    ones, or drafts)."""
-    return max(0, min(n, len(req.prompt_token_ids) - req.num_computed_tokens))
 
 
 def token_slice(req: Request, start: int, n: int) -> list[int]:
