@@ -13,7 +13,7 @@ from headrace.engine.sched import request_report as report
 from headrace.engine.sched.endings import Endings
 from headrace.engine.sched.speculation import accept
 from headrace.engine.sched.speculator import Speculator
-from headrace.engine.sched.stop_checker import append_until_stop
+from headrace.engine.sched.stop_checker import append_until_stop, check_stop
 from headrace.request import Request, RequestStatus
 
 # The scheduler's logger, as before this moved here: filters and readers of the log still match.
@@ -50,13 +50,35 @@ class StepUpdate:
     def _update_one(self, req: Request, s: ScheduledRequest, result: RunnerOutput) -> None:
         req.drop_pending()  # the placeholder of this step's token (--async-scheduling)
         token = result.sampled.get(s.request_id) if s.sample else None
-        drafts = s.draft_token_ids
-        if token is None:
-            new = []
-        elif drafts:
-            new = accept(token, drafts, result.draft_picks.get(s.request_id, []))
+        if token is not None and not s.draft_token_ids:  # most rows of most steps: inline
+            req.output_token_ids.append(token)
+            status, emitted = check_stop(req, token, self.max_model_len), [token]
+            req.num_computed_tokens = s.start_pos + len(s.token_ids)
+            self.kv.computed(req, drafted=False)
         else:
-            new = [token]
+            status, emitted = self._take(req, s, token, result)
+            if not s.sample:
+                return
+            if token is None:
+                self.endings.end(req, *report.ended_without_token(req.request_id, result))
+                return
+        if req.first_token_time is None:
+            req.first_token_time = self.clock()
+        if status is not None:
+            self.endings.finish(req, status)
+        lp = result.logprobs.get(s.request_id)
+        output = report.request_output(req, emitted, logprobs=[lp] if lp else [])
+        self.endings.pending.append(output)
+
+    def _take(
+        self, req: Request, s: ScheduledRequest, token: int | None, result: RunnerOutput
+    ) -> tuple[RequestStatus | None, list[int]]:
+        """A row with drafts, or without a token (a prompt chunk, or no pick): the tokens it
+        keeps up to a stop, its computed tokens and drafts settled."""
+        drafts = s.draft_token_ids
+        new = (
+            [] if token is None else accept(token, drafts, result.draft_picks.get(s.request_id, []))
+        )
         status, emitted = append_until_stop(req, new, self.max_model_len)
         # KV entries hold the tokens up to the last known one and the accepted drafts; those of
         # rejected drafts lie past them, and the next step overwrites them.
@@ -65,15 +87,4 @@ class StepUpdate:
         if drafts:
             self.spec.settle(req, len(drafts), max(0, len(new) - 1))
         self.kv.computed(req, drafted=bool(drafts))
-        if not s.sample:
-            return
-        if token is None:
-            self.endings.end(req, *report.ended_without_token(req.request_id, result))
-            return
-        if req.first_token_time is None:
-            req.first_token_time = self.clock()
-        if status is not None:
-            self.endings.finish(req, status)
-        lp = result.logprobs.get(s.request_id)
-        output = report.request_output(req, emitted, logprobs=[lp] if lp else [])
-        self.endings.pending.append(output)
+        return status, emitted
