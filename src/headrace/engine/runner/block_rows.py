@@ -45,12 +45,22 @@ class BlockRows:
     ) -> np.ndarray:
         """Each decode's blocks up to the one holding its last position (`ends`: one past it,
         [B]), as [B, nb], padded with block 0 (which the bounds keep any kernel from reading)."""
-        rows = [self._row(d) for d in decodes]
-        keep = [-(-end // block_size) for end in ends]
-        width = max(keep)
+        get, rows = self._rows.get, []
+        for d in decodes:  # a row as it was (most decodes of most steps): looked up inline
+            state = get(d.request_id)
+            if (
+                state is not None
+                and state[1] == d.table_epoch != 0
+                and state[2] == len(d.block_ids)
+            ):
+                rows.append(state[0])
+            else:
+                rows.append(self._row(d))
+        keep = (np.array(ends, dtype=np.int64) + (block_size - 1)) // block_size  # [B]
+        width = int(keep.max())
         out = self.table[rows, :width]  # a copy: fancy indexing
-        if min(keep) < width:
-            out[np.arange(width) >= np.array(keep)[:, None]] = 0
+        if keep.min() < width:
+            out[np.arange(width) >= keep[:, None]] = 0
         return out
 
     def drop(self, request_ids: Iterable[str]) -> None:

@@ -35,9 +35,12 @@ def check_step(
     reqs = out.scheduled
     if not reqs:
         return
-    last = max(map(operator.add, map(_START, reqs), map(len, map(_IDS, reqs))))
+    lens = list(map(len, map(_IDS, reqs)))
+    last = max(map(operator.add, map(_START, reqs), lens))
     ids = list(chain.from_iterable(map(_IDS, reqs)))
-    if decode_blocks_checked:
+    if decode_blocks_checked and min(lens) == max(lens) == 1:  # decodes only: most steps
+        blocks = _written_blocks(reqs, block_size)
+    elif decode_blocks_checked:
         chunks = [r for r in reqs if len(r.token_ids) > 1]
         blocks = list(chain.from_iterable(map(_BLOCKS, chunks)))
         blocks += _written_blocks([r for r in reqs if len(r.token_ids) == 1], block_size)
