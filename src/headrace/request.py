@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import enum
 import functools
-import math
 import time
 from dataclasses import dataclass, field
 
+from headrace.param_checks import (
+    INT32_MAX,
+    check_bad_words,
+    check_int,
+    check_logit_bias,
+    check_range,
+    check_real,
+)
+
 GREEDY_BELOW_TEMPERATURE = 1e-5  # a smaller temperature samples greedily
-_MAX_INT = (1 << 31) - 1  # counts (max_tokens, top_k, token ids) fit an int32
 MAX_GRAMMAR_CHARS = 1_000_000  # as the request body limit
 MAX_PENALTY = 2.0  # presence and frequency penalties in [-2, 2] (OpenAI), repetition up to 2
 # A positive logit is divided by the repetition penalty: near 0 that is inf, and a row of
 # infinities samples NaN. 0.01 makes a logit of 30 at most 3,000.
 MIN_REPETITION_PENALTY = 0.01
-MAX_LOGIT_BIAS = 100.0  # biases in [-100, 100]
-MAX_LOGIT_BIAS_ENTRIES = 300  # as OpenAI
-MAX_BAD_WORD_SEQUENCES = 128  # token sequences (a word gives one or two: with a leading space)
-MAX_BAD_WORD_TOKENS = 64  # tokens in one sequence
 MAX_TOKENS_LIMIT = 1_000_000  # schema bound; the model's context is the real limit
 SEED_MAX = 2**63 - 1  # a seed the API and the replica wire accept
 
@@ -124,28 +127,28 @@ class SamplingParams:
     def validate(self) -> None:
         """ValueError unless every field has its type and range (NaN and inf included), so
         that nothing poisoned reaches a core; the core calls it again on an unpickled copy."""
-        _check_int("max_tokens", self.max_tokens, 1, _MAX_INT)
-        _check_real("temperature", self.temperature)
+        check_int("max_tokens", self.max_tokens, 1, INT32_MAX)
+        check_real("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        _check_real("top_p", self.top_p)
+        check_real("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        _check_int("top_k", self.top_k, 0, _MAX_INT)
+        check_int("top_k", self.top_k, 0, INT32_MAX)
         if self.seed is not None:
-            _check_int("seed", self.seed, -(1 << 63), (1 << 64) - 1)
-        _check_int("seed_offset", self.seed_offset, 0, _MAX_INT)
-        _check_int("prior_output_tokens", self.prior_output_tokens, 0, _MAX_INT)
+            check_int("seed", self.seed, -(1 << 63), (1 << 64) - 1)
+        check_int("seed_offset", self.seed_offset, 0, INT32_MAX)
+        check_int("prior_output_tokens", self.prior_output_tokens, 0, INT32_MAX)
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) for s in self.stop):
             raise ValueError(f"stop must be a tuple of strings, got {self.stop!r}")
         if not isinstance(self.stop_token_ids, tuple):
             raise ValueError(f"stop_token_ids must be a tuple, got {self.stop_token_ids!r}")
         for t in self.stop_token_ids:
-            _check_int("stop_token_ids", t, 0, _MAX_INT)
+            check_int("stop_token_ids", t, 0, INT32_MAX)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
         if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, 0, 20)
+            check_int("logprobs", self.logprobs, 0, 20)
         if self.grammar is not None and (
             not isinstance(self.grammar, str) or not 0 < len(self.grammar) <= MAX_GRAMMAR_CHARS
         ):
@@ -154,17 +157,17 @@ class SamplingParams:
 
     def _validate_processors(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
-            _check_range(name, getattr(self, name), -MAX_PENALTY, MAX_PENALTY)
-        _check_real("repetition_penalty", self.repetition_penalty)
+            check_range(name, getattr(self, name), -MAX_PENALTY, MAX_PENALTY)
+        check_real("repetition_penalty", self.repetition_penalty)
         if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_PENALTY:
             raise ValueError(
                 f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, {MAX_PENALTY:g}], "
                 f"got {self.repetition_penalty}"
             )
-        _check_range("min_p", self.min_p, 0.0, 1.0)
-        _check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
-        _check_logit_bias(self.logit_bias)
-        _check_bad_words(self.bad_words)
+        check_range("min_p", self.min_p, 0.0, 1.0)
+        check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
+        check_logit_bias(self.logit_bias)
+        check_bad_words(self.bad_words)
 
     @functools.cached_property  # asked for every sampled row of every step
     def processes_logits(self) -> bool:
@@ -205,54 +208,6 @@ class SamplingParams:
         """Greedy and nothing else read from the logits: no logprobs, no grammar mask (logits
         processors aside: whether they act depends on the step, see logits_inputs)."""
         return self.greedy and self.logprobs is None and self.grammar is None
-
-
-def _check_int(name: str, value: object, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
-
-
-def _check_range(name: str, value: object, lo: float, hi: float) -> None:
-    if not lo <= _check_real(name, value) <= hi:
-        raise ValueError(f"{name} must be in [{lo:g}, {hi:g}], got {value}")
-
-
-def _check_logit_bias(pairs: object) -> None:
-    if not isinstance(pairs, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
-        raise ValueError(f"logit_bias must be a tuple of (token id, bias) pairs, got {pairs!r}")
-    if len(pairs) > MAX_LOGIT_BIAS_ENTRIES:
-        raise ValueError(
-            f"logit_bias has {len(pairs)} entries; at most {MAX_LOGIT_BIAS_ENTRIES} are accepted"
-        )
-    for token, bias in pairs:
-        _check_int("logit_bias token id", token, 0, _MAX_INT)
-        _check_range("logit_bias value", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
-    if len({token for token, _ in pairs}) != len(pairs):
-        raise ValueError("logit_bias names a token id twice")
-
-
-def _check_bad_words(seqs: object) -> None:
-    if not isinstance(seqs, tuple) or not all(isinstance(s, tuple) and s for s in seqs):
-        raise ValueError(f"bad_words must be a tuple of non-empty token id tuples, got {seqs!r}")
-    if len(seqs) > MAX_BAD_WORD_SEQUENCES:
-        raise ValueError(
-            f"bad_words gives {len(seqs)} token sequences; at most {MAX_BAD_WORD_SEQUENCES}"
-        )
-    for seq in seqs:
-        if len(seq) > MAX_BAD_WORD_TOKENS:
-            raise ValueError(f"a bad word has {len(seq)} tokens; at most {MAX_BAD_WORD_TOKENS}")
-        for token in seq:
-            _check_int("bad_words token id", token, 0, _MAX_INT)
-
-
-def _check_real(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value}")
-    return float(value)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any
 from headrace.api.errors import bad_request
 from headrace.api.schemas import SamplingFields
 from headrace.engine.frontend.tokenizer import Tokenizer
-from headrace.request import MAX_BAD_WORD_TOKENS
+from headrace.param_checks import MAX_BAD_WORD_TOKENS
 
 
 def processor_params(body: SamplingFields, tokenizer: Tokenizer, max_tokens: int) -> dict[str, Any]:

@@ -15,9 +15,8 @@ from headrace.api.structured import StructuredFields
 from headrace.api.text import Text
 from headrace.api.tool_schemas import ToolCall, ToolFields
 from headrace.api.unsupported import ChatExtras, CompletionExtras
+from headrace.param_checks import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES
 from headrace.request import (
-    MAX_LOGIT_BIAS,
-    MAX_LOGIT_BIAS_ENTRIES,
     MAX_PENALTY,
     MAX_TOKENS_LIMIT,
     MIN_REPETITION_PENALTY,

@@ -23,12 +23,14 @@ from msgspec import Meta
 
 from headrace.engine.frontend.client import GenerateOptions, GenerationChunk
 from headrace.engine.messages import StepStats
-from headrace.request import (
+from headrace.param_checks import (
     MAX_BAD_WORD_SEQUENCES,
     MAX_BAD_WORD_TOKENS,
-    MAX_GRAMMAR_CHARS,
     MAX_LOGIT_BIAS,
     MAX_LOGIT_BIAS_ENTRIES,
+)
+from headrace.request import (
+    MAX_GRAMMAR_CHARS,
     MAX_PENALTY,
     MAX_TOKENS_LIMIT,
     MIN_REPETITION_PENALTY,
