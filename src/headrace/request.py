@@ -182,11 +182,11 @@ class SamplingParams:
             or bool(self.bad_words)
         )
 
-    @functools.cached_property  # asked of every row of an overlapped step (--async-scheduling)
-    def reads_host(self) -> bool:
-        """Whether this request's picks are made or read on the host: logits processors (the
-        token history), logprobs, a grammar. Its steps run in series (engine/core/overlap.py)."""
-        return self.processes_logits or self.logprobs is not None or self.grammar is not None
+    @functools.cached_property  # asked of every sampled row of a step (--async-scheduling)
+    def picks_on_host(self) -> bool:
+        """Whether the host makes or reads this request's picks whatever the step: logprobs,
+        a grammar (logits processors are the step's own: its `logits_inputs`)."""
+        return self.logprobs is not None or self.grammar is not None
 
     @property
     def uses_output_history(self) -> bool:

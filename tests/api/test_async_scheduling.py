@@ -19,7 +19,8 @@ TEXT = "the quick brown fox jumps over the lazy dog and then some more words"
 
 @pytest.fixture(scope="module")
 def overlapped(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    args = tiny_server_args(api_model_dir) + ["--async-scheduling"]
+    # no speculation: with it, steps of at most four streams run in series (drafts come next)
+    args = tiny_server_args(api_model_dir) + ["--async-scheduling", "--num-speculative-tokens", "0"]
     yield from serving(args, tmp_path_factory.mktemp("async"), exits=(0,))
 
 
@@ -55,7 +56,7 @@ def test_concurrent_answers_equal_the_serial_servers(overlapped: Server, api_ser
     assert _answers(overlapped, bodies) == _answers(api_server, bodies)
     stats = _stats(overlapped)
     assert stats["kv_blocks_used"] == 0 and stats["num_running"] == 0
-    assert stats["steps_overlapped_total"] > 20  # most steps of ten streams
+    assert stats["steps_overlapped_total"] > 10  # the steps after the first, of any streams
     assert _stats(api_server)["steps_overlapped_total"] == 0
     metrics = read_metrics(overlapped.url)
     assert metrics["headrace:steps_overlapped_total"] == stats["steps_overlapped_total"]

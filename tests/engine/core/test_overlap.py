@@ -9,7 +9,7 @@ import random
 from factories import FAKE_EOS, FakeCore, FakeLaunchingRunner, fake_reference, make_prompt
 
 from headrace.engine.core.overlap import with_tokens
-from headrace.engine.outputs import ScheduledRequest, SchedulerOutput
+from headrace.engine.outputs import LogitsInputs, ScheduledRequest, SchedulerOutput
 from headrace.engine.sched.overlappable import overlappable
 from headrace.request import PENDING_TOKEN, FinishReason, SamplingParams
 
@@ -232,3 +232,21 @@ def test_a_request_at_its_limit_sits_out_the_pass_that_background_requests_get_b
     rows = sum(s.sample for out in runner.launches for s in out.scheduled if s.request_id == "r")
     assert len(engine.tokens["r"]) == 4 and rows == 4
     assert engine.tokens["urgent"] == fake_reference(make_prompt(3, 6), SamplingParams(**short))
+
+
+def test_which_steps_overlap_row_by_row():
+    def row(sample: bool = True, drafts: tuple[int, ...] = (), inputs: bool = False, **kw: object):
+        params = SamplingParams(max_tokens=8, **kw)  # type: ignore[arg-type]
+        logits = LogitsInputs([], [], (0,)) if inputs else None
+        tokens = [5] if sample else [5, 6]
+        return ScheduledRequest("r", tokens, 3, [1], sample, params, 1, logits, list(drafts))
+
+    def steps(*rows: ScheduledRequest) -> bool:
+        return overlappable(SchedulerOutput([row(), *rows]))
+
+    assert steps() and not overlappable(SchedulerOutput([]))
+    assert steps(row(min_tokens=2))  # past min_tokens its processor bans nothing
+    assert not steps(row(min_tokens=2, inputs=True))  # ... until then it does, on the host
+    assert not steps(row(logprobs=1)) and not steps(row(grammar='start: "a"'))
+    assert steps(row(sample=False, logprobs=1, presence_penalty=0.5))  # a prompt chunk
+    assert not steps(row(drafts=(4,)))

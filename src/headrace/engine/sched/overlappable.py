@@ -3,20 +3,23 @@ engine/core/overlap.py)."""
 
 from __future__ import annotations
 
+from itertools import compress
 from operator import attrgetter
 
 from headrace.engine.outputs import SchedulerOutput
 
-_DRAFTS, _PARAMS = attrgetter("draft_token_ids"), attrgetter("params")
-_READS_HOST = attrgetter("reads_host")
+_DRAFTS, _INPUTS = attrgetter("draft_token_ids"), attrgetter("logits_inputs")
+_PARAMS, _SAMPLE = attrgetter("params"), attrgetter("sample")
+_ON_HOST = attrgetter("picks_on_host")
 
 
 def overlappable(out: SchedulerOutput) -> bool:
-    """No drafts (their acceptance decides the next tokens), and no request whose picks the
-    host makes or reads (logprobs, a grammar, logits processors: the token history), even in
-    a step where it only computes prompt tokens. C passes over the rows: at 256 a Python call
-    a row took 30 us a step."""
+    """No drafts (their acceptance decides the next tokens), and no sampled row whose pick the
+    host makes or reads: logits processors acting this step (`logits_inputs`: the token
+    history), logprobs, a grammar. C passes over the rows: at 256 a Python call a row took 30
+    us a step."""
     rows = out.scheduled
-    return (
-        bool(rows) and not any(map(_DRAFTS, rows)) and not any(map(_READS_HOST, map(_PARAMS, rows)))
-    )
+    if not rows or any(map(_DRAFTS, rows)) or any(map(_INPUTS, rows)):
+        return False
+    sampled = compress(map(_PARAMS, rows), map(_SAMPLE, rows))
+    return not any(map(_ON_HOST, sampled))
