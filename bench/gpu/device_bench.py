@@ -24,7 +24,8 @@ output tokens/s and TPOT with 1 / 16 / 64 / 256 requests of 64 tokens at once, a
 probe: a short request added beside 64 running streams, its wait to a first token against its
 own prefill alone; then `sampled`: the middle level again at T 0.8, top_p 0.95. In series
 (`engine_gemma3-270m`) and with --async-scheduling (`engine_gemma3-270m_async`: each step
-launched before the last one's tokens are read).
+launched before the last one's tokens are read). And `top_p`: a sampled draw's top_p set
+found the two ways (sampler_probe.py), at 1 / 16 / 64 / 256 rows of Gemma 3's vocabulary.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ sys.path.insert(0, str(HERE))
 
 from engine_probe import engine_rates  # noqa: E402  (beside this script)
 from random_model import kv_bytes_per_token, random_runner, weight_bytes  # noqa: E402
+from sampler_probe import top_p_times  # noqa: E402
 
 from headrace.engine.runner.runner_harness import RunnerHarness  # noqa: E402
 from headrace.request import SamplingParams  # noqa: E402
@@ -95,6 +97,7 @@ def main() -> None:
         ),
     ]
     parts[1:1] = engines
+    parts.insert(3, ("top_p", lambda: top_p_times(device, args.quick)))
     for key, part in parts:
         try:  # a part that breaks on a new machine must not cost the others' figures
             report[key] = part()

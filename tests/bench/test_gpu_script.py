@@ -35,6 +35,9 @@ def test_the_device_script_runs_on_the_cpu_and_reports_every_part(tmp_path: Path
         assert all(v["tokens_per_s"] > 0 for v in engine["levels"].values())
         assert engine["join"]["first_token_ms"] > 0
         assert engine["sampled"]["streams"] == 4 and engine["sampled"]["tokens_per_s"] > 0
+    for level in ("rows1", "rows4"):  # top_p's two ways: timed, and their sets alike
+        assert report["top_p"][level]["same_mass"] is True
+        assert report["top_p"][level]["topk_ms"] > 0 and report["top_p"][level]["fixed_ms"] > 0
 
 
 @pytest.mark.parametrize("overlap", [False, True])

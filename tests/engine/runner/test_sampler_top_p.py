@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from headrace.engine.outputs import ScheduledRequest
-from headrace.engine.runner.sampler import Sampler
+from headrace.engine.runner.sampler import Sampler, _draw_torch
 from headrace.engine.runner.top_p import TOP_P_FIRST, top_p_mask, top_p_sets
+from headrace.engine.runner.top_p_fixed import top_p_cut
 from headrace.request import SamplingParams
 
 VOCAB = 20_000
@@ -44,10 +45,21 @@ def _rows() -> torch.Tensor:
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("p", [0.01, 0.5, 0.9, 0.95, 0.999])
-def test_partial_sort_keeps_the_full_sorts_set(p: float) -> None:
+def _cut(way: str, x: torch.Tensor, ps: list[float]) -> torch.Tensor:
+    """x with each row cut to its top_p set: top_p.py's way, or top_p_fixed.py's (CUDA's)."""
+    if way == "topk":
+        return top_p_mask(x, ps)
+    return top_p_cut(x, torch.tensor(ps, dtype=torch.float64))
+
+
+WAYS = pytest.mark.parametrize("way", ["topk", "fixed"])
+
+
+@WAYS
+@pytest.mark.parametrize("p", [1e-9, 0.01, 0.5, 0.9, 0.95, 0.999])
+def test_partial_sort_keeps_the_full_sorts_set(way: str, p: float) -> None:
     x = _rows()
-    out = top_p_mask(x, [p] * len(x))
+    out = _cut(way, x, [p] * len(x))
     for row in range(len(x)):
         kept = out[row] > float("-inf")
         want = _full_sort_keep(x[row], p)
@@ -60,16 +72,18 @@ def test_partial_sort_keeps_the_full_sorts_set(p: float) -> None:
         assert torch.equal(out[row][kept], x[row][kept])  # kept logits untouched
 
 
-def test_sizes_span_the_partial_and_the_whole_sort() -> None:
+@WAYS
+def test_sizes_span_the_partial_and_the_whole_sort(way: str) -> None:
     x = _rows()
-    kept = (top_p_mask(x, [0.95] * len(x)) > float("-inf")).sum(-1)
+    kept = (_cut(way, x, [0.95] * len(x)) > float("-inf")).sum(-1)
     assert int(kept.min()) == 1  # the row with one likely token
     assert int(kept.max()) > TOP_P_FIRST * 8  # scale 0.05: most of the row
 
 
-def test_rows_without_top_p_are_untouched() -> None:
+@WAYS
+def test_rows_without_top_p_are_untouched(way: str) -> None:
     x = _rows()
-    out = top_p_mask(x, [1.0, 0.9] + [1.0] * (len(x) - 2))
+    out = _cut(way, x, [1.0, 0.9] + [1.0] * (len(x) - 2))
     assert torch.equal(out[0], x[0]) and torch.equal(out[2:], x[2:])
     assert not torch.equal(out[1], x[1])
 
@@ -105,3 +119,46 @@ def test_sets_are_in_vocabulary_order_and_padded_with_their_own_ids() -> None:
         assert torch.equal(sets.logits[row][real], x[row][ids])
         assert set(sets.ids[row][~real].tolist()) <= set(ids.tolist())
     assert top_p_sets(x, [1.0] * len(x)) is None
+
+
+def test_fixed_shapes_keep_ties_at_the_edge_by_id_as_many_as_the_mass_needs() -> None:
+    """100 tokens at logit 0 and the rest far below: p 0.305 needs 31 of the hundred (30 hold
+    0.3 of the mass before the 31st); they are the first 31 by id, as sample_draw.c keeps."""
+    x = torch.full((1, VOCAB), -60.0)
+    tied = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(3))[:100]
+    x[0, tied] = 0.0
+    kept = (top_p_cut(x, torch.tensor([0.305], dtype=torch.float64)) > float("-inf"))[0]
+    assert torch.equal(kept.nonzero().flatten(), tied.sort().values[:31])
+
+
+def test_fixed_shapes_span_every_float_range() -> None:
+    """Logits negative and positive, a largest below zero, one of each sign bit's edge: the
+    ordered keys' passes agree with the full sort (the mass kept is the reference's)."""
+    g = torch.Generator().manual_seed(5)
+    rows = [torch.randn(VOCAB, generator=g) * 3 - 50, torch.randn(VOCAB, generator=g) * 3 + 50]
+    mixed = torch.randn(VOCAB, generator=g) * 1e-3
+    mixed[:2] = torch.tensor([0.0, -0.0])
+    rows.append(mixed)
+    x = torch.stack(rows)
+    for p in (0.3, 0.9):
+        out = top_p_cut(x, torch.tensor([p] * len(x), dtype=torch.float64))
+        for row in range(len(x)):
+            probs = torch.softmax(x[row].double(), dim=-1)
+            want = probs[_full_sort_keep(x[row], p)].sum()
+            assert abs(float(probs[out[row] > float("-inf")].sum() - want)) < 1e-9, (row, p)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_fixed_shapes_draw_without_a_read_on_the_host() -> None:
+    """The sampler's top_p draw on CUDA queues its work and returns: no op waits for the device
+    (torch's sync debug mode raises on one), so a step launched ahead of its tokens overlaps."""
+    x = _rows().cuda()
+    ps, uniforms = [0.9] * len(x), [0.5] * len(x)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tokens = _draw_torch(x, ps, uniforms)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    kept = top_p_mask(x, ps) > float("-inf")
+    assert bool(kept.gather(1, tokens[:, None]).all())

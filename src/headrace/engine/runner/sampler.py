@@ -6,7 +6,8 @@ ScheduledRequest has `logits_inputs`) get their rows copied to float32 and proce
 
 A draw is inverse-CDF sampling with one uniform number per request, over the request's whole
 row or its top_p set, in vocabulary order: on the CPU in C (kernels/sample_draw.c), elsewhere
-with torch (top_p.py's set, then `_inverse_cdf`). For a seeded request that
+with torch (top_p.py's set, then `_inverse_cdf`; on CUDA top_p_fixed.py's cut of the whole row,
+which reads nothing back). For a seeded request that
 number is a hash of (seed, num_output_tokens), so the same request gives the same tokens whatever
 else shares its batch, and again after preemption and recompute.
 """
@@ -21,8 +22,10 @@ import torch
 
 from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import ScheduledRequest
+from headrace.engine.runner import top_p_fixed
 from headrace.engine.runner.logits_processors import apply_processors
 from headrace.engine.runner.top_p import top_p_sets
+from headrace.engine.runner.top_p_fixed import top_p_cut
 from headrace.kernels import sample_draw
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.host_copy import to_device
@@ -129,8 +132,11 @@ def _cut(logits: torch.Tensor, reqs: list[ScheduledRequest], temps: list[float])
 def _draw_torch(x: torch.Tensor, ps: list[float], uniforms: list[float]) -> torch.Tensor:
     """x [R, V] float32 -> [R] token ids: top_p.py's sets, then the inverse CDF."""
     device = x.device
-    sets = top_p_sets(x, ps)
     u = to_device(uniforms, device, torch.float32)
+    if top_p_fixed.takes(x):  # CUDA: the same ops whatever the rows, nothing read back
+        cut = any(p < 1.0 for p in ps)
+        return _inverse_cdf(top_p_cut(x, to_device(ps, device, torch.float64)) if cut else x, u)
+    sets = top_p_sets(x, ps)
     if sets is None:
         return _inverse_cdf(x, u)
     tokens = torch.empty(len(x), dtype=torch.int64, device=device)
