@@ -22,7 +22,8 @@ measured in the same run. Each shape also times `chunk_ms`: a prefill step of 51
 Then the engine as served (continuous batching, scheduler and all, no HTTP) on the small shape:
 output tokens/s and TPOT with 1 / 16 / 64 / 256 requests of 64 tokens at once, and the join
 probe: a short request added beside 64 running streams, its wait to a first token against its
-own prefill alone; then `sampled`: the middle level again at T 0.8, top_p 0.95. In series
+own prefill alone; then `sampled`: the middle level again at T 0.8, top_p 0.95, with the host's
+waits for the device a step (`host_waits_per_step`: torch's sync debug mode). In series
 (`engine_gemma3-270m`) and with --async-scheduling (`engine_gemma3-270m_async`: each step
 launched before the last one's tokens are read). And `top_p`: a sampled draw's top_p set
 found the two ways (sampler_probe.py), at 1 / 16 / 64 / 256 rows of Gemma 3's vocabulary.

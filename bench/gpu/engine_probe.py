@@ -4,6 +4,9 @@ they travel): output tokens/s and TPOT for N requests at once, and the join prob
 from __future__ import annotations
 
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -51,13 +54,35 @@ def engine_rates(
             "ttft_p50_ms": round(1000 * ttft[len(ttft) // 2], 1),
         }
         print("engine", "async" if overlap else "serial", n, out["levels"][str(n)], flush=True)
-    # sampled (T 0.8, top_p 0.95) at the middle level: top_p's check of wide rows reads the
-    # device inside a step, which an overlapped step would wait on
+    # sampled (T 0.8, top_p 0.95) at the middle level, and how often the host waited for the
+    # device in it (torch's sync debug mode): one read of the tokens a step is the floor; an
+    # overlapped step with more waits does not overlap
     n = streams[len(streams) // 2]
-    wall, _ = _run(core, [request(f"s{n}-{i}", prompt, output, True) for i in range(n)], device)
-    out["sampled"] = {"streams": n, "tokens_per_s": round(n * output / wall, 1)}
+    sampled = [request(f"s{n}-{i}", prompt, output, True) for i in range(n)]
+    with _host_waits(device) as waits:
+        wall, _ = _run(core, sampled, device)
+    out["sampled"] = {
+        "streams": n,
+        "tokens_per_s": round(n * output / wall, 1),
+        "host_waits_per_step": round(len(waits) / output, 2) if device.type == "cuda" else None,
+    }
     out["join"] = _join_probe(core, request, device, 4 if quick else 64, output)
     return out
+
+
+@contextmanager
+def _host_waits(device: torch.device) -> Iterator[list[warnings.WarningMessage]]:
+    """The synchronizing CUDA calls made inside, one warning each (none off CUDA)."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield seen
+        finally:
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+    seen[:] = [w for w in seen if "synchroniz" in str(w.message)]
 
 
 def _run(
