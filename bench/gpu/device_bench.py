@@ -15,7 +15,9 @@ For each shape and batch size (1 ... 256 streams of ~`--context` tokens):
     idle), kernel launches a step, and the five kernels that take the most device time.
 The default path on CUDA is in-place decode attention (a Triton kernel) with decode steps
 replayed as CUDA graphs; the same shapes run again at a few batches without graphs (keys
-`*_eager`) and with attention over gathered copies of the blocks and no graphs (`*_gathered`,
+`*_eager`), with each layer's small ops compiled (`*_compiled`: --torch-compile; `ready_s`
+says what the compiles cost at start), and with attention over gathered copies of the blocks
+and no graphs (`*_gathered`,
 `HEADRACE_TRITON_DECODE=0`, `HEADRACE_TRITON_PREFILL=0`): the eager path before both,
 measured in the same run. Each shape also times `chunk_ms`: a prefill step of 512 tokens over
 1,536 cached ones (a chunked prompt's fourth chunk), read in place or gathered as the mode has it.
@@ -52,6 +54,7 @@ from random_model import kv_bytes_per_token, random_runner, weight_bytes  # noqa
 from sampler_probe import top_p_times  # noqa: E402
 
 from headrace.engine.runner.runner_harness import RunnerHarness  # noqa: E402
+from headrace.layers import compiled  # noqa: E402
 from headrace.request import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True)
@@ -75,9 +78,11 @@ def main() -> None:
         ("gemma3-270m", [1, 64, 256], "gathered"),
         ("llama3-8b", [1, 8, 64], "graphs"),
         ("llama3-8b", [1, 64], "gathered"),
+        ("gemma3-270m", [1, 64, 256], "compiled"),  # last: its compiles take the longest
     ]
     if args.quick:
         plans = [("gemma3-270m", [1, 4], "graphs"), ("gemma3-270m", [4], "gathered")]
+        plans.append(("gemma3-270m", [1], "compiled"))
         plans.append(("llama3-8b", [1, 2], "graphs"))
         args.context, args.steps = 48, 2
     report: dict[str, Any] = {"device": _device_name(device), "torch": torch.__version__}
@@ -119,15 +124,19 @@ def _shape(
     name: str, batches: list[int], device: torch.device, args: Any, mode: str
 ) -> dict[str, Any]:
     """`mode`: "graphs" (the runner's default: on CUDA in-place decode attention through the
-    Triton kernel and CUDA graphs), "eager" (no graphs) or "gathered" (decode attention over
-    gathered copies of the blocks, no graphs: the eager baseline)."""
+    Triton kernel and CUDA graphs), "compiled" (the same with --torch-compile: each layer's
+    small ops fused), "eager" (no graphs) or "gathered" (decode attention over gathered copies
+    of the blocks, no graphs: the eager baseline)."""
     tokens = max(batches) * (args.context + args.steps + 2)
     flags = ("HEADRACE_TRITON_DECODE", "HEADRACE_TRITON_PREFILL")
     for flag in flags:
         os.environ[flag] = "0" if mode == "gathered" else "1"
+    compiled.enable(mode == "compiled")  # before the graphs' warm-up, which compiles
     try:  # read once, when the runner picks its attention path
-        graphs = None if mode == "graphs" else False
+        graphs = None if mode in ("graphs", "compiled") else False
+        start = time.perf_counter()
         runner = random_runner(name, device, tokens, quick=args.quick, graphs=graphs)
+        ready_s = time.perf_counter() - start
     finally:
         for flag in flags:
             del os.environ[flag]
@@ -137,6 +146,8 @@ def _shape(
         "decode_attention": "in place" if runner.paged_kernel else "gathered",
         "prefill_attention": "in place" if runner.paged_prefill else "gathered",
         "graphs": bool(runner.decode_graphs and runner.decode_graphs.captured),
+        "compiled": compiled.takes(torch.zeros(1, device=device)),
+        "ready_s": round(ready_s, 1),  # weights made, graphs captured (compiles included)
         "chunk_ms": _chunk_ms(runner, 48 if args.quick else 1536, 16 if args.quick else 512),
         "levels": {},
     }
@@ -158,6 +169,7 @@ def _shape(
         out["levels"][str(b)] = row
         print(name, b, row, flush=True)
     del runner
+    compiled.enable(False)
     return out
 
 

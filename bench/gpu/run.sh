@@ -29,7 +29,8 @@ if python -c 'import transformers' 2>/dev/null; then  # the test models are buil
     tests/engine/runner/test_decode_graphs.py tests/engine/runner/test_staging.py \
     tests/engine/kv/test_kv_cache.py tests/kernels/test_host_copy.py \
     tests/engine/runner/test_launched.py tests/engine/test_engine_real.py \
-    tests/engine/runner/test_sampler_top_p.py tests/api/test_serve_cuda.py >"$OUT/tests.log" 2>&1; echo "tests rc=$?" >>"$OUT/tests.log"
+    tests/engine/runner/test_sampler_top_p.py tests/api/test_serve_cuda.py \
+    tests/layers/test_compiled.py >"$OUT/tests.log" 2>&1; echo "tests rc=$?" >>"$OUT/tests.log"
 else
   echo "no transformers on this machine: the CUDA test legs did not run" >"$OUT/tests.log"
 fi

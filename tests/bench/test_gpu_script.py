@@ -28,6 +28,8 @@ def test_the_device_script_runs_on_the_cpu_and_reports_every_part(tmp_path: Path
             ratio = level["step_ms"] / level["floor_ms"]
             assert abs(level["over_floor"] - ratio) <= 0.01 * ratio
     assert all(isinstance(v["profile"], dict) for v in report["llama3-8b"]["levels"].values())
+    assert report["gemma3-270m_compiled"]["levels"]["1"]["step_ms"] > 0
+    assert report["gemma3-270m_compiled"]["compiled"] is False  # the CPU never compiles
     for key, overlap in (("engine_gemma3-270m", False), ("engine_gemma3-270m_async", True)):
         engine = report[key]
         assert engine["async_scheduling"] is overlap

@@ -40,6 +40,12 @@ class ModelConfig:
         "no CUDA graphs: every decode step runs the model's forward eagerly (on CUDA, decode "
         "steps of up to 256 rows otherwise replay a graph per batch bucket; docs/performance.md)",
     )
+    torch_compile: bool = setting(
+        False,
+        "CUDA: each layer's small ops (a norm with its residual add, rotary, act(gate) * up) "
+        "fused by torch.compile, compiled at start and cached on disk; logits within bf16 "
+        "rounding of the eager ones (docs/performance.md)",
+    )
     max_model_len: int | None = setting(
         None, "cap on prompt + output tokens (default: the model's; at most what the KV pool holds)"
     )

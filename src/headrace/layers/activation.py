@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from headrace.kernels import fused
+from headrace.layers import compiled
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -39,5 +40,11 @@ def gated(act: Callable[[torch.Tensor], torch.Tensor], gate_up: torch.Tensor) ->
     kind = _FUSED.get(act)
     if kind is not None and (out := fused.act_mul(gate_up, kind)) is not None:
         return out
+    if compiled.takes(gate_up):  # CUDA with --compile: one kernel
+        return compiled.run(_gated, act, gate_up)
+    return _gated(act, gate_up)
+
+
+def _gated(act: Callable[[torch.Tensor], torch.Tensor], gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return act(gate) * up

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headrace.kernels import fused
+from headrace.layers import compiled
 
 
 def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, offset: bool) -> torch.Tensor:
@@ -14,11 +15,19 @@ def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, offset: bool) -> 
 
     Llama casts back to the input dtype before the weight; Gemma multiplies in float32 by
     `1 + w` and casts last. We follow each so that results match transformers'. bf16 on the
-    CPU goes through one fused pass with the same roundings (kernels/fused.py).
+    CPU goes through one fused pass with the same roundings (kernels/fused.py); CUDA with
+    `--compile` through one compiled kernel (layers/compiled.py).
     """
     fused_out = fused.rms_norm(x, scale, eps, cast_first=not offset)
     if fused_out is not None:
         return fused_out
+    if compiled.takes(x):
+        return compiled.run(_rms_norm, x, scale, eps, offset)
+    return _rms_norm(x, scale, eps, offset)
+
+
+def _rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, offset: bool) -> torch.Tensor:
+    """The torch ops of `rms_norm` (what CUDA runs, eager or compiled)."""
     dim = (x.shape[-1],)
     if not offset:
         return scale * F.rms_norm(x.float(), dim, None, eps).to(x.dtype)
@@ -52,7 +61,17 @@ class RMSNorm(nn.Module):
         if residual is None:
             return rms_norm(x, scale, self.eps, self.offset)
         out = fused.rms_norm(x, scale, self.eps, not self.offset, residual)
-        return out if out is not None else residual + rms_norm(x, scale, self.eps, self.offset)
+        if out is not None:
+            return out
+        if compiled.takes(x):
+            return compiled.run(_add_norm, x, scale, self.eps, self.offset, residual)
+        return _add_norm(x, scale, self.eps, self.offset, residual)
+
+
+def _add_norm(
+    x: torch.Tensor, scale: torch.Tensor, eps: float, offset: bool, residual: torch.Tensor
+) -> torch.Tensor:
+    return residual + _rms_norm(x, scale, eps, offset)
 
 
 def stacked_head_scale(q_norm: RMSNorm, k_norm: RMSNorm, hq: int, hkv: int) -> torch.Tensor:

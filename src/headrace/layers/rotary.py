@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from headrace.kernels import fused
+from headrace.layers import compiled
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
 
@@ -131,8 +132,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     fused_out = fused.rope(x, cos, sin)
     if fused_out is not None:
         return fused_out
+    if compiled.takes(x):  # CUDA with --compile: one kernel
+        return compiled.run(_rotate, x, cos, sin)
+    return _rotate(x, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     rot_dim = cos.shape[-1]
     if rot_dim < x.shape[-1]:
         rot, rest = x[..., :rot_dim], x[..., rot_dim:]
-        return torch.cat((apply_rotary(rot, cos, sin), rest), dim=-1)
+        return torch.cat((_rotate(rot, cos, sin), rest), dim=-1)
     return x * cos + x.roll(rot_dim // 2, dims=-1) * sin

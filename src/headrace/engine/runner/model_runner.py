@@ -32,6 +32,7 @@ from headrace.engine.runner.structured import GrammarMasks
 from headrace.kernels.int8_head import Int8GreedyHead
 from headrace.kernels.paged_decode import supported as paged_decode_supported
 from headrace.kernels.paged_prefill import supported as paged_prefill_supported
+from headrace.layers import compiled
 from headrace.loader.cache import resolve_model
 from headrace.loader.files import read_json
 from headrace.loader.hf import load_model
@@ -54,6 +55,7 @@ class ModelRunner:
         if model_config.num_threads:
             torch.set_num_threads(model_config.num_threads)
         device = pick_device(model_config.device)
+        compiled.enable(model_config.torch_compile and device.type == "cuda")
         dtype = pick_dtype(model_config.dtype, device)
         model_dir, name = resolve_model(model_config.model)
         cap = model_config.max_model_len or 1 << 40
