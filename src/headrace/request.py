@@ -184,9 +184,10 @@ class SamplingParams:
 
     @functools.cached_property  # asked of every sampled row of a step (--async-scheduling)
     def picks_on_host(self) -> bool:
-        """Whether the host makes or reads this request's picks whatever the step: logprobs,
-        a grammar (logits processors are the step's own: its `logits_inputs`)."""
-        return self.logprobs is not None or self.grammar is not None
+        """Whether the host makes or reads this request's picks whatever the step: a grammar
+        (its matcher reads each token before the next mask; logits processors are the step's
+        own: its `logits_inputs`; logprobs travel with the tokens: runner/logprobs.py)."""
+        return self.grammar is not None
 
     @property
     def uses_output_history(self) -> bool:

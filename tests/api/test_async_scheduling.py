@@ -31,16 +31,22 @@ def _bodies() -> list[dict[str, Any]]:
         prompt = " ".join(words[i % 7 : i % 7 + 3 + i])
         sampled = {"temperature": 0.9, "top_p": 0.9, "seed": 50 + i} if i % 2 else {}
         body = {"prompt": prompt, "max_tokens": 10 + 2 * i, "ignore_eos": i % 3 == 0}
-        bodies.append({**body, "temperature": 0.0, **sampled})
+        logprobs = {"logprobs": 2} if i % 3 == 1 else {}  # they travel with the tokens
+        bodies.append({**body, "temperature": 0.0, **sampled, **logprobs})
     return bodies
 
 
-def _answers(server: Server, bodies: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    def one(body: dict[str, Any]) -> tuple[str, str]:
+Answer = tuple[str, str, list[list[str]], list[float]]
+
+
+def _answers(server: Server, bodies: list[dict[str, Any]]) -> list[Answer]:
+    def one(body: dict[str, Any]) -> Answer:
         r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
         assert r.status_code == 200, r.text
         choice = r.json()["choices"][0]
-        return choice["text"], choice["finish_reason"]
+        lp = choice["logprobs"] or {"top_logprobs": [], "token_logprobs": []}
+        tops = [sorted(top) for top in lp["top_logprobs"]]
+        return choice["text"], choice["finish_reason"], tops, lp["token_logprobs"]
 
     with ThreadPoolExecutor(len(bodies)) as pool:  # all at once: steps of many rows
         return list(pool.map(one, bodies))
@@ -53,7 +59,11 @@ def _stats(server: Server) -> dict[str, Any]:
 
 def test_concurrent_answers_equal_the_serial_servers(overlapped: Server, api_server: Server):
     bodies = _bodies()
-    assert _answers(overlapped, bodies) == _answers(api_server, bodies)
+    got, want = _answers(overlapped, bodies), _answers(api_server, bodies)
+    assert [a[:3] for a in got] == [a[:3] for a in want]  # text, finish, top tokens
+    assert sum(len(a[3]) for a in got) > 30  # logprobs of four requests' tokens
+    for g, w in zip(got, want, strict=True):
+        assert g[3] == pytest.approx(w[3], abs=1e-4)
     stats = _stats(overlapped)
     assert stats["kv_blocks_used"] == 0 and stats["num_running"] == 0
     assert stats["steps_overlapped_total"] > 10  # the steps after the first, of any streams

@@ -1,14 +1,23 @@
-"""A launched step's picks (runner/launched.py): read by request, and kept where the next
-step's placeholders find them; a placeholder no launched step answers is refused by name."""
+"""A launched step's picks (runner/launched.py): read by request with the logprobs its rows
+asked for, and kept where the next step's placeholders find them; a placeholder no launched
+step answers is refused by name."""
 
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
 from factories import DEVICES
 
+from headrace.config import CacheConfig, ModelConfig, SchedulerConfig
+from headrace.engine.core.engine_core import EngineCore
+from headrace.engine.messages import EngineCoreRequest, RequestOutput, TokenLogprobs
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.launched import LastTokens, Launched
+from headrace.engine.runner.logprobs import logprob_table
+from headrace.engine.runner.model_runner import ModelRunner
 from headrace.engine.runner.step_inputs import build_step_inputs
 from headrace.request import PENDING_TOKEN, SamplingParams
 
@@ -48,3 +57,75 @@ def test_placeholders_take_the_kept_picks_of_their_requests(device: str) -> None
         last.fill(inputs.input_ids, inputs.pending)
     last.clear()
     assert not last.held and build_step_inputs(steps[:1], 4, [None], dev).pending == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_logprobs_come_with_the_tokens_by_request(device: str) -> None:
+    """A launched step's logprob table (the chosen token's, then the N best) is read with its
+    tokens, by request, each with as many alternatives as it asked for."""
+    logits = torch.log_softmax(torch.randn(3, 11, generator=torch.Generator().manual_seed(0)), -1)
+    logits = logits.to(device)
+    rows = [
+        ScheduledRequest("a", [1], 0, [0], True, SamplingParams(logprobs=2), 0),
+        ScheduledRequest("b", [1], 0, [0], True, P, 0),
+        ScheduledRequest("c", [1], 0, [0], True, SamplingParams(logprobs=0), 0),
+    ]
+    tokens = torch.tensor([4, 7, 9], device=device)
+    table = logprob_table(logits, rows, tokens)
+    result = Launched.on_device(["a", "b", "c"], tokens, table).read()
+    assert result.sampled == {"a": 4, "b": 7, "c": 9} and set(result.logprobs) == {"a", "c"}
+    lp = logits.cpu().double()
+    a, c = result.logprobs["a"], result.logprobs["c"]
+    assert a.token_id == 4 and a.logprob == pytest.approx(float(lp[0, 4]), abs=1e-6)
+    best = lp[0].topk(2)
+    assert [t for t, _ in a.top] == best.indices.tolist()
+    assert [v for _, v in a.top] == pytest.approx(best.values.tolist(), abs=1e-6)
+    assert c.token_id == 9 and c.top == [] and c.logprob == pytest.approx(float(lp[2, 9]), 1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_overlapped_steps_with_logprobs_report_the_serial_ones(
+    tiny_model_dir: Path, device: str
+) -> None:
+    """On a real model, requests with logprobs (greedy and seeded draws) beside plain ones:
+    with --async-scheduling their steps overlap, and each gets the tokens and logprobs it gets
+    with steps in series."""
+    config = ModelConfig(model=str(tiny_model_dir), dtype="float32", device=device)
+    runner = ModelRunner(config, CacheConfig(block_size=16, num_kv_blocks=128))
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    kinds = [
+        greedy,
+        dataclasses.replace(greedy, logprobs=2),
+        dataclasses.replace(greedy, temperature=0.8, seed=7, logprobs=3),
+        dataclasses.replace(greedy, temperature=1.0, top_p=0.9, seed=8, logprobs=1),
+    ]
+    reqs = [EngineCoreRequest(f"r{i}", [3 + i, 9, 4, 7] * (i + 1), kinds[i % 4]) for i in range(8)]
+    runs, overlapped = {}, {}
+    for overlap in (False, True):
+        sched = SchedulerConfig(num_speculative_tokens=0, async_scheduling=overlap)
+        core = EngineCore(sched, runner)
+        for r in reqs:
+            core.add_request(r)
+        outputs: dict[str, list[RequestOutput]] = {r.request_id: [] for r in reqs}
+        while core.has_work():
+            for o in core.step()[0]:
+                outputs[o.request_id].append(o)
+        runs[overlap], overlapped[overlap] = outputs, core.last_stats.steps_overlapped_total
+    assert overlapped[False] == 0 and overlapped[True] >= 8
+    for r in reqs:
+        serial, flown = runs[False][r.request_id], runs[True][r.request_id]
+        assert _tokens(flown) == _tokens(serial) and len(_tokens(serial)) == 12
+        got, want = _logprobs(flown), _logprobs(serial)
+        assert len(got) == (12 if r.params.logprobs is not None else 0) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert g.token_id == w.token_id and [t for t, _ in g.top] == [t for t, _ in w.top]
+            assert g.logprob == pytest.approx(w.logprob, abs=1e-4)
+            assert [v for _, v in g.top] == pytest.approx([v for _, v in w.top], abs=1e-4)
+
+
+def _tokens(outputs: list[RequestOutput]) -> list[int]:
+    return [t for o in outputs for t in o.new_token_ids]
+
+
+def _logprobs(outputs: list[RequestOutput]) -> list[TokenLogprobs]:
+    return [lp for o in outputs for lp in o.logprobs]

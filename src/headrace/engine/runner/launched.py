@@ -2,7 +2,8 @@
 
 Its sampled ids stay on the device, where the next step's placeholders are filled from them
 (`LastTokens`), and reach the host in one copy queued behind the step (pinned memory and an
-event on CUDA), so reading them never holds up the launch of the step after.
+event on CUDA), so reading them never holds up the launch of the step after; so does the
+table of the logprobs its rows asked for (runner/logprobs.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from headrace.engine.outputs import RunnerOutput
+from headrace.engine.runner.logprobs import LogprobTable, read_logprobs
 from headrace.kernels.host_copy import to_device
 
 
@@ -23,30 +25,43 @@ class Launched:
     result: RunnerOutput | None = None
     ids: Sequence[str] = ()  # the sampled requests, in row order
     tokens: torch.Tensor | None = None  # [S] int64, where the step ran
-    host: torch.Tensor | None = None  # [S] the copy on its way (CUDA), pinned
+    logprobs: LogprobTable | None = None  # the rows' that ask, where the step ran
+    host: tuple[torch.Tensor, torch.Tensor | None] | None = None  # their copies on the way
     ready: torch.cuda.Event | None = None
 
     @classmethod
-    def on_device(cls, ids: Sequence[str], tokens: torch.Tensor) -> Launched:
+    def on_device(
+        cls, ids: Sequence[str], tokens: torch.Tensor, logprobs: LogprobTable | None = None
+    ) -> Launched:
         if tokens.device.type != "cuda":
-            return cls(ids=ids, tokens=tokens)
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
+            return cls(ids=ids, tokens=tokens, logprobs=logprobs)
+        table = None if logprobs is None else _pinned_copy(logprobs.packed)
+        host = (_pinned_copy(tokens), table)
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record()
-        return cls(ids=ids, tokens=tokens, host=host, ready=ready)
+        return cls(ids=ids, tokens=tokens, logprobs=logprobs, host=host, ready=ready)
 
     def read(self) -> RunnerOutput:
         """The step's tokens by request (waits for the device where it still runs)."""
         if self.result is not None:
             return self.result
         assert self.tokens is not None
+        tokens, table = self.tokens, None if self.logprobs is None else self.logprobs.packed
         if self.ready is not None and self.host is not None:
             self.ready.synchronize()
-            values = self.host.tolist()
-        else:
-            values = self.tokens.tolist()
-        return RunnerOutput(dict(zip(self.ids, values, strict=True)))
+            tokens, table = self.host
+        values = tokens.tolist()
+        packed = table.tolist() if table is not None else []
+        rows = read_logprobs(self.logprobs, len(values), values, packed)
+        logprobs = {rid: lp for rid, lp in zip(self.ids, rows, strict=True) if lp is not None}
+        return RunnerOutput(dict(zip(self.ids, values, strict=True)), logprobs)
+
+
+def _pinned_copy(x: torch.Tensor) -> torch.Tensor:
+    """`x` on its way to pinned host memory, queued behind the step (read after its event)."""
+    host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+    host.copy_(x, non_blocking=True)
+    return host
 
 
 class LastTokens:

@@ -24,6 +24,7 @@ from headrace.engine.runner.head_picks import (
     screened_sampler,
 )
 from headrace.engine.runner.launched import LastTokens, Launched
+from headrace.engine.runner.logprobs import logprob_table
 from headrace.engine.runner.precision import pick_device, pick_dtype
 from headrace.engine.runner.sampler import Sampler
 from headrace.engine.runner.step_checks import check_step
@@ -214,18 +215,15 @@ class ModelRunner:
             ]
             if keep and self.greedy_head is None:  # the picks stay on the device
                 ids = [r.request_id for r in inputs.sampled]
-                tokens = self.sampler.choose(self.model.compute_logits(rows), inputs.sampled)
+                logits = self.model.compute_logits(rows)
+                tokens = self.sampler.choose(logits, inputs.sampled)
                 self.last_tokens.keep(ids, tokens)
-                return Launched.on_device(ids, tokens)
+                table = logprob_table(logits, inputs.sampled, tokens)
+                return Launched.on_device(ids, tokens, table)
             picked = pick_tokens(
-                rows,
-                inputs.sampled,
-                self.greedy_head,
-                self.model.compute_logits,
-                self.sampler,
-                self.grammars,
-                self.screened_sampler,
-            )
+                rows, inputs.sampled, self.greedy_head, self.model.compute_logits, self.sampler,
+                self.grammars, self.screened_sampler,
+            )  # fmt: skip
             self.grammars.advance(inputs.sampled, picked.tokens, picked.ends)
         self.last_tokens.clear()
         if keep:  # the int8 head's picks (the CPU): lists, kept as a tensor for the next step

@@ -24,6 +24,7 @@ from headrace.engine.messages import TokenLogprobs
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner import top_p_fixed
 from headrace.engine.runner.logits_processors import apply_processors
+from headrace.engine.runner.logprobs import logprob_table, read_logprobs
 from headrace.engine.runner.top_p import top_p_sets
 from headrace.engine.runner.top_p_fixed import top_p_cut
 from headrace.kernels import sample_draw
@@ -58,8 +59,10 @@ class Sampler:
                 own = own.clone()
             x = apply_processors(own, subset)  # [P, V] float32
             tokens[rows] = self.choose(x, subset)
+        table = logprob_table(logits, requests, tokens)
         chosen = tokens.tolist()
-        return chosen, _logprobs(logits, requests, chosen)
+        packed = table.packed.tolist() if table is not None else []
+        return chosen, read_logprobs(table, len(requests), chosen, packed)
 
     def draw_after_drafts(
         self, logits: torch.Tensor, owners: Sequence[ScheduledRequest], ahead: Sequence[int]
@@ -186,25 +189,3 @@ def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:
     kth = top.gather(1, to_device(k_idx, x.device)[:, None])  # [R, 1]
     active = to_device([0 < k < vocab for k in ks], x.device, torch.bool)[:, None]
     return x.masked_fill(active & (x < kth), float("-inf"))
-
-
-def _logprobs(
-    logits: torch.Tensor, requests: Sequence[ScheduledRequest], chosen: list[int]
-) -> list[TokenLogprobs | None]:
-    """Chosen token's logprob and the top-N alternatives, from the raw logits (as OpenAI)."""
-    out: list[TokenLogprobs | None] = [None] * len(requests)
-    wanted = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
-    if not wanted:
-        return out
-    rows = to_device(wanted, logits.device, torch.int64)
-    lp = torch.log_softmax(logits.index_select(0, rows).float(), dim=-1)  # [W, V]
-    picks = to_device([chosen[i] for i in wanted], lp.device, torch.int64)
-    n_max = max(requests[i].params.logprobs or 0 for i in wanted)
-    values, ids = lp.topk(n_max, dim=-1)  # [W, n_max] each, largest first
-    # one copy to the host for all rows (ids are exact in float64), not three a request
-    packed = torch.cat([lp.gather(1, picks[:, None]).double(), values.double(), ids.double()], 1)
-    for i, row in zip(wanted, packed.tolist(), strict=True):
-        n = requests[i].params.logprobs or 0
-        top = list(zip(map(int, row[1 + n_max : 1 + n_max + n]), row[1 : 1 + n], strict=True))
-        out[i] = TokenLogprobs(chosen[i], row[0], top)
-    return out

@@ -16,7 +16,7 @@ _ON_HOST = attrgetter("picks_on_host")
 def overlappable(out: SchedulerOutput) -> bool:
     """No drafts (their acceptance decides the next tokens), and no sampled row whose pick the
     host makes or reads: logits processors acting this step (`logits_inputs`: the token
-    history), logprobs, a grammar. Asked every step: ~30 us at 256 rows."""
+    history), a grammar. Asked every step: ~30 us at 256 rows."""
     rows = out.scheduled
     if not rows or any(map(_DRAFTS, rows)) or any(map(_INPUTS, rows)):
         return False
