@@ -14,7 +14,7 @@ import torch
 from headrace.engine.outputs import ScheduledRequest
 from headrace.engine.runner.sampler import Sampler, _draw_torch
 from headrace.engine.runner.top_p import TOP_P_FIRST, top_p_mask, top_p_sets
-from headrace.engine.runner.top_p_fixed import top_p_cut
+from headrace.engine.runner.top_p_fixed import ROWS_AT_ONCE, top_p_cut
 from headrace.request import SamplingParams
 
 VOCAB = 20_000
@@ -146,6 +146,18 @@ def test_fixed_shapes_span_every_float_range() -> None:
             probs = torch.softmax(x[row].double(), dim=-1)
             want = probs[_full_sort_keep(x[row], p)].sum()
             assert abs(float(probs[out[row] > float("-inf")].sum() - want)) < 1e-9, (row, p)
+
+
+def test_fixed_shapes_cut_many_rows_as_each_alone() -> None:
+    """Past ROWS_AT_ONCE rows the cut goes a block of rows at a time: each row as alone."""
+    g = torch.Generator().manual_seed(9)
+    n = 2 * ROWS_AT_ONCE + 5
+    x = torch.randn(n, 2000, generator=g) * torch.linspace(0.2, 6, n)[:, None]
+    ps = torch.rand(n, generator=g, dtype=torch.float64)
+    ps[::7] = 1.0
+    out = top_p_cut(x, ps)
+    for row in range(n):
+        assert torch.equal(out[row], top_p_cut(x[row : row + 1], ps[row : row + 1])[0]), row
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
