@@ -84,12 +84,12 @@ def test_logprobs_come_with_the_tokens_by_request(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_overlapped_steps_with_logprobs_report_the_serial_ones(
+def test_overlapped_steps_with_logprobs_and_biases_report_the_serial_ones(
     tiny_model_dir: Path, device: str
 ) -> None:
-    """On a real model, requests with logprobs (greedy and seeded draws) beside plain ones:
-    with --async-scheduling their steps overlap, and each gets the tokens and logprobs it gets
-    with steps in series."""
+    """On a real model, requests with logprobs (greedy and seeded draws), logit_bias and
+    min_tokens beside plain ones: with --async-scheduling their steps overlap, and each gets
+    the tokens and logprobs it gets with steps in series."""
     config = ModelConfig(model=str(tiny_model_dir), dtype="float32", device=device)
     runner = ModelRunner(config, CacheConfig(block_size=16, num_kv_blocks=128))
     greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -98,8 +98,10 @@ def test_overlapped_steps_with_logprobs_report_the_serial_ones(
         dataclasses.replace(greedy, logprobs=2),
         dataclasses.replace(greedy, temperature=0.8, seed=7, logprobs=3),
         dataclasses.replace(greedy, temperature=1.0, top_p=0.9, seed=8, logprobs=1),
+        dataclasses.replace(greedy, logit_bias=((5, 4.0), (6, -100.0)), logprobs=1),
+        dataclasses.replace(greedy, ignore_eos=False, min_tokens=9, temperature=0.7, seed=2),
     ]
-    reqs = [EngineCoreRequest(f"r{i}", [3 + i, 9, 4, 7] * (i + 1), kinds[i % 4]) for i in range(8)]
+    reqs = [EngineCoreRequest(f"r{i}", [3 + i, 9, 4, 7] * (i + 1), kinds[i % 6]) for i in range(9)]
     runs, overlapped = {}, {}
     for overlap in (False, True):
         sched = SchedulerConfig(num_speculative_tokens=0, async_scheduling=overlap)
@@ -114,9 +116,11 @@ def test_overlapped_steps_with_logprobs_report_the_serial_ones(
     assert overlapped[False] == 0 and overlapped[True] >= 8
     for r in reqs:
         serial, flown = runs[False][r.request_id], runs[True][r.request_id]
-        assert _tokens(flown) == _tokens(serial) and len(_tokens(serial)) == 12
+        assert _tokens(flown) == _tokens(serial)
+        assert len(_tokens(serial)) == 12 or len(_tokens(serial)) >= 9 and not r.params.ignore_eos
         got, want = _logprobs(flown), _logprobs(serial)
-        assert len(got) == (12 if r.params.logprobs is not None else 0) == len(want)
+        asked = r.params.logprobs is not None
+        assert len(got) == (len(_tokens(serial)) if asked else 0) == len(want)
         for g, w in zip(got, want, strict=True):
             assert g.token_id == w.token_id and [t for t, _ in g.top] == [t for t, _ in w.top]
             assert g.logprob == pytest.approx(w.logprob, abs=1e-4)

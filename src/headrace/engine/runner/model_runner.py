@@ -216,7 +216,7 @@ class ModelRunner:
             if keep and self.greedy_head is None:  # the picks stay on the device
                 ids = [r.request_id for r in inputs.sampled]
                 logits = self.model.compute_logits(rows)
-                tokens = self.sampler.choose(logits, inputs.sampled)
+                tokens = self.sampler.pick(logits, inputs.sampled)
                 self.last_tokens.keep(ids, tokens)
                 table = logprob_table(logits, inputs.sampled, tokens)
                 return Launched.on_device(ids, tokens, table)

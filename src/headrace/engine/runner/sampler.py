@@ -48,6 +48,15 @@ class Sampler:
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits [S, V] (any float dtype), one row per request -> token ids and logprobs
         (logprobs from the raw logits, before any processor, as OpenAI and vLLM)."""
+        tokens = self.pick(logits, requests)
+        table = logprob_table(logits, requests, tokens)
+        chosen = tokens.tolist()
+        packed = table.packed.tolist() if table is not None else []
+        return chosen, read_logprobs(table, len(requests), chosen, packed)
+
+    def pick(self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]) -> torch.Tensor:
+        """logits [S, V] -> token ids [S] on the logits' device, each row's logits processors
+        applied first (nothing read back: a step launched ahead of its tokens picks so)."""
         processed = [i for i, r in enumerate(requests) if r.logits_inputs is not None]
         tokens = self.choose(logits, requests, skip=processed)  # [S]
         if processed:
@@ -59,10 +68,7 @@ class Sampler:
                 own = own.clone()
             x = apply_processors(own, subset)  # [P, V] float32
             tokens[rows] = self.choose(x, subset)
-        table = logprob_table(logits, requests, tokens)
-        chosen = tokens.tolist()
-        packed = table.packed.tolist() if table is not None else []
-        return chosen, read_logprobs(table, len(requests), chosen, packed)
+        return tokens
 
     def draw_after_drafts(
         self, logits: torch.Tensor, owners: Sequence[ScheduledRequest], ahead: Sequence[int]
