@@ -109,6 +109,8 @@ def main() -> None:
             report[key] = part()
         except Exception as e:  # noqa: BLE001
             report[key] = {"error": repr(e)}
+        finally:
+            compiled.enable(False)  # a compiled part's setting ends with it
         if device.type == "cuda":
             torch.cuda.empty_cache()
         _write(report, args.out)  # after each part: a run cut short keeps what it measured
@@ -169,7 +171,6 @@ def _shape(
         out["levels"][str(b)] = row
         print(name, b, row, flush=True)
     del runner
-    compiled.enable(False)
     return out
 
 

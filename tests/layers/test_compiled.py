@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 import torch
 from factories import VOCAB, make_tiny
+from torch._dynamo.exc import FailOnRecompileLimitHit
 
 from headrace.commands.serve import add_arguments
 from headrace.config import CacheConfig, HeadraceConfig, ModelConfig
 from headrace.engine.runner.model_runner import ModelRunner
 from headrace.engine.runner.runner_harness import greedy
 from headrace.layers import compiled
-from headrace.layers.rotary import apply_rotary
+from headrace.layers.rotary import _rotate, apply_rotary
 
 CACHE = CacheConfig(block_size=4, num_kv_blocks=200)
 
@@ -70,7 +71,8 @@ def test_compiled_small_ops_give_the_eager_tokens(
     steps = len(traced) // (per_layer * layers + 1)  # + the final norm
     assert steps > 0 and len(traced) == steps * (per_layer * layers + 1)
     # Llama's family adds its residuals apart from the norms
-    names = {"_rms_norm", "_rotate", "_gated"} | ({"_add_norm"} if arch == "gemma3" else set())
+    names = {"_rms_norm", "_rms_norm_heads", "_rotate", "_gated"}  # 2-D and per-head norms
+    names |= {"_add_norm"} if arch == "gemma3" else set()
     assert set(traced) == names
 
 
@@ -83,6 +85,27 @@ def test_compiled_partial_rotary_rotates_only_its_share(traced: list[str]) -> No
     assert torch.equal(out[..., 8:], x[..., 8:])
     want = x[..., :8] * cos + x[..., :8].roll(4, dims=-1) * sin
     assert torch.equal(out[..., :8], want)
+
+
+def test_a_function_past_the_recompile_limit_runs_eagerly_from_then_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[int] = []
+
+    def too_many(fn: Callable[..., torch.Tensor], backend: str) -> Callable[..., torch.Tensor]:
+        def fails(*args: Any) -> torch.Tensor:
+            calls.append(1)
+            raise FailOnRecompileLimitHit("cache_size_limit reached")
+
+        return fails
+
+    monkeypatch.setattr(compiled, "_compiled", too_many)
+    monkeypatch.setattr(compiled, "_eager", set())
+    x = torch.randn(3, 2, 8)  # [T, H, D]: cos 1 and sin 0 leave it as it is
+    for _ in range(3):
+        out = compiled.run(_rotate, x, torch.ones(3, 1, 8), torch.zeros(3, 1, 8))
+        assert torch.equal(out, x)
+    assert calls == [1] and "too many shape variants" in caplog.text
 
 
 def test_only_cuda_compiles_and_only_when_asked() -> None:

@@ -1,4 +1,4 @@
-"""A layer's small ops fused by torch.compile on CUDA (`--compile`, off by default).
+"""A layer's small ops fused by torch.compile on CUDA (`--torch-compile`, off by default).
 
 On CUDA each elementwise op of a layer is its own kernel: RMSNorm's casts, square-mean and
 products, the residual add, rotary's products and roll, act(gate) * up. A Gemma 3 layer runs
@@ -21,30 +21,43 @@ fused C kernels (kernels/fused.py) and never compiles.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import cache
 from typing import Any
 
 import torch
+from torch._dynamo.exc import FailOnRecompileLimitHit
 
 BACKEND = "inductor"  # the tests trace through "aot_eager" on the CPU (no code generated)
 _enabled = False
+_eager: set[Callable[..., torch.Tensor]] = set()  # past the recompile limit: eager from then on
+log = logging.getLogger(__name__)
 
 
 def enable(on: bool) -> None:
-    """Compile the layers' small ops on CUDA from now on (the runner, from `--compile`)."""
+    """Compile the layers' small ops on CUDA from now on (the runner, from `--torch-compile`)."""
     global _enabled
     _enabled = on
 
 
 def takes(x: torch.Tensor) -> bool:
-    """Whether `x`'s op runs compiled: `--compile` given, and `x` on CUDA."""
+    """Whether `x`'s op runs compiled: `--torch-compile` given, and `x` on CUDA."""
     return _enabled and x.is_cuda
 
 
 def run(fn: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
-    """fn(*args), compiled (one graph, no breaks: a break would leave the ops unfused)."""
-    out: torch.Tensor = _compiled(fn, BACKEND)(*args)
+    """fn(*args), compiled (one graph, no breaks: a break would leave the ops unfused). A
+    function past dynamo's limit of compiled variants runs eagerly from then on, with a
+    warning, rather than failing the step."""
+    if fn in _eager:
+        return fn(*args)
+    try:
+        out: torch.Tensor = _compiled(fn, BACKEND)(*args)
+    except FailOnRecompileLimitHit:
+        log.warning("torch.compile: %s has too many shape variants; it runs eagerly", fn)
+        _eager.add(fn)
+        return fn(*args)
     return out
 
 

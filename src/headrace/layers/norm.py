@@ -21,8 +21,12 @@ def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, offset: bool) -> 
     fused_out = fused.rms_norm(x, scale, eps, cast_first=not offset)
     if fused_out is not None:
         return fused_out
-    if compiled.takes(x):
-        return compiled.run(_rms_norm, x, scale, eps, offset)
+    if compiled.takes(x):  # per-head norms apart: each function's compiled variants are few
+        return compiled.run(_rms_norm if x.dim() == 2 else _rms_norm_heads, x, scale, eps, offset)
+    return _rms_norm(x, scale, eps, offset)
+
+
+def _rms_norm_heads(x: torch.Tensor, scale: torch.Tensor, eps: float, offset: bool) -> torch.Tensor:
     return _rms_norm(x, scale, eps, offset)
 
 

@@ -131,6 +131,13 @@ def test_fixed_shapes_keep_ties_at_the_edge_by_id_as_many_as_the_mass_needs() ->
     assert torch.equal(kept.nonzero().flatten(), tied.sort().values[:31])
 
 
+def test_fixed_shapes_take_minus_zero_for_the_zero_it_equals() -> None:
+    """-0.0 == +0.0: tied logits, kept by id whatever their sign bits."""
+    x = torch.tensor([[-0.0, -0.0, 0.0, 0.0, -30.0]])
+    out = top_p_cut(x, torch.tensor([0.5], dtype=torch.float64))
+    assert (out[0] > float("-inf")).tolist() == [True, True, False, False, False]
+
+
 def test_fixed_shapes_span_every_float_range() -> None:
     """Logits negative and positive, a largest below zero, one of each sign bit's edge: the
     ordered keys' passes agree with the full sort (the mass kept is the reference's)."""

@@ -82,6 +82,7 @@ def _cut(x: torch.Tensor, ps: torch.Tensor) -> torch.Tensor:
 
 
 def _ordered(x: torch.Tensor) -> torch.Tensor:
-    """[R, V] float32 -> int32 keys in the floats' order (negative floats' bits flipped)."""
+    """[R, V] float32 -> int32 keys in the floats' order: a negative float's key is minus its
+    magnitude's bits, so -0.0 and +0.0 share the key 0 (equal logits, ties kept by id)."""
     bits = x.contiguous().view(torch.int32)
-    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
