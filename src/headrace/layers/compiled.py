@@ -27,7 +27,6 @@ from functools import cache
 from typing import Any
 
 import torch
-from torch._dynamo.exc import FailOnRecompileLimitHit
 
 BACKEND = "inductor"  # the tests trace through "aot_eager" on the CPU (no code generated)
 _enabled = False
@@ -52,6 +51,10 @@ def run(fn: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
     warning, rather than failing the step."""
     if fn in _eager:
         return fn(*args)
+    # here, not at the top: dynamo's import brings Triton, whose interpreter mode (the kernel
+    # tests' on the CPU) is fixed when it is first imported
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
     try:
         out: torch.Tensor = _compiled(fn, BACKEND)(*args)
     except FailOnRecompileLimitHit:
