@@ -32,7 +32,8 @@ def _bodies() -> list[dict[str, Any]]:
         sampled = {"temperature": 0.9, "top_p": 0.9, "seed": 50 + i} if i % 2 else {}
         body = {"prompt": prompt, "max_tokens": 10 + 2 * i, "ignore_eos": i % 3 == 0}
         logprobs = {"logprobs": 2} if i % 3 == 1 else {}  # they travel with the tokens
-        bodies.append({**body, "temperature": 0.0, **sampled, **logprobs})
+        penalty = {"frequency_penalty": 0.8, "presence_penalty": 0.3} if i % 4 == 2 else {}
+        bodies.append({**body, "temperature": 0.0, **sampled, **logprobs, **penalty})
     return bodies
 
 

@@ -249,8 +249,9 @@ def test_overlapped_steps_equal_their_solo_runs(runner):
 
 
 def test_overlapped_steps_mixed_with_penalties_and_logprobs_equal_their_solo_runs(runner):
-    """Rows the host reads (logprobs, a penalty's history) put their steps in series, and the
-    plain rows beside them overlap again after: every request still equals its solo run."""
+    """Rows with penalties (their history's last token taken on the device from the step in
+    flight) and logprobs overlap with plain ones, and a bad_words row puts its steps in
+    series: every request still equals its solo run."""
     greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     mixed = [
         EngineCoreRequest(f"m{i}", [3 + i, 9, 4 + 2 * i, 7] * (i + 1), params)
@@ -260,6 +261,7 @@ def test_overlapped_steps_mixed_with_penalties_and_logprobs_equal_their_solo_run
                 dataclasses.replace(greedy, repetition_penalty=1.3),
                 dataclasses.replace(greedy, logprobs=2, max_tokens=5),
                 dataclasses.replace(greedy, temperature=0.8, seed=3, presence_penalty=0.5),
+                dataclasses.replace(greedy, frequency_penalty=0.7, bad_words=((5,), (9, 4))),
             ]
         )
     ]

@@ -87,9 +87,9 @@ def test_logprobs_come_with_the_tokens_by_request(device: str) -> None:
 def test_overlapped_steps_with_logprobs_and_biases_report_the_serial_ones(
     tiny_model_dir: Path, device: str
 ) -> None:
-    """On a real model, requests with logprobs (greedy and seeded draws), logit_bias and
-    min_tokens beside plain ones: with --async-scheduling their steps overlap, and each gets
-    the tokens and logprobs it gets with steps in series."""
+    """On a real model, requests with logprobs (greedy and seeded draws), logit_bias,
+    min_tokens and penalties beside plain ones: with --async-scheduling their steps overlap,
+    and each gets the tokens and logprobs it gets with steps in series."""
     config = ModelConfig(model=str(tiny_model_dir), dtype="float32", device=device)
     runner = ModelRunner(config, CacheConfig(block_size=16, num_kv_blocks=128))
     greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -100,8 +100,10 @@ def test_overlapped_steps_with_logprobs_and_biases_report_the_serial_ones(
         dataclasses.replace(greedy, temperature=1.0, top_p=0.9, seed=8, logprobs=1),
         dataclasses.replace(greedy, logit_bias=((5, 4.0), (6, -100.0)), logprobs=1),
         dataclasses.replace(greedy, ignore_eos=False, min_tokens=9, temperature=0.7, seed=2),
+        dataclasses.replace(greedy, frequency_penalty=0.9, presence_penalty=0.4, logprobs=2),
+        dataclasses.replace(greedy, repetition_penalty=1.6, temperature=0.9, seed=4),
     ]
-    reqs = [EngineCoreRequest(f"r{i}", [3 + i, 9, 4, 7] * (i + 1), kinds[i % 6]) for i in range(9)]
+    reqs = [EngineCoreRequest(f"r{i}", [3 + i, 9, 4, 7] * (i + 1), kinds[i % 8]) for i in range(9)]
     runs, overlapped = {}, {}
     for overlap in (False, True):
         sched = SchedulerConfig(num_speculative_tokens=0, async_scheduling=overlap)

@@ -49,9 +49,11 @@ def test_processed_logits_follow_the_formulas(
 ) -> None:
     seen: list[Processed] = []
 
-    def recording(logits: torch.Tensor, reqs: list[ScheduledRequest]) -> torch.Tensor:
+    def recording(
+        logits: torch.Tensor, reqs: list[ScheduledRequest], last: torch.Tensor | None = None
+    ) -> torch.Tensor:
         raw = logits.clone()
-        out = sampler_module.apply_processors.__wrapped__(logits, reqs)  # type: ignore[attr-defined]
+        out = sampler_module.apply_processors.__wrapped__(logits, reqs, last)  # type: ignore[attr-defined]
         seen.extend(Processed(raw[i], out[i].clone(), r) for i, r in enumerate(reqs))
         return out
 

@@ -83,6 +83,16 @@ class LastTokens:
     def clear(self) -> None:
         self.rows, self.tokens = {}, None
 
+    def tokens_of(self, ids: Sequence[str | None]) -> torch.Tensor:
+        """[len(ids)] on the device: each named request's token in the last launched step
+        (0 for None), for a history that ends in its placeholder (a penalty's counts)."""
+        missing = [rid for rid in ids if rid is not None and rid not in self.rows]
+        if self.tokens is None or missing:
+            name = missing[0] if missing else next(filter(None, ids), None)
+            raise ValueError(f"request {name}: a pending token no launched step samples")
+        src = [self.rows[rid] if rid is not None else 0 for rid in ids]
+        return self.tokens.index_select(0, to_device(src, self.tokens.device, torch.int64))
+
     def fill(self, input_ids: torch.Tensor, pending: Sequence[tuple[int, str]]) -> None:
         """Write into `input_ids` [T] each placeholder's token: (row, request id) pairs."""
         if not pending:

@@ -16,24 +16,32 @@ from itertools import chain
 import torch
 
 from headrace.engine.outputs import LogitsInputs, ScheduledRequest
+from headrace.engine.runner.token_counts import token_counts
 from headrace.kernels.host_copy import to_device
 
 Pairs = tuple[torch.Tensor, torch.Tensor]  # rows [P], tokens [P] (int64)
 
 
-def apply_processors(logits: torch.Tensor, reqs: Sequence[ScheduledRequest]) -> torch.Tensor:
+def apply_processors(
+    logits: torch.Tensor, reqs: Sequence[ScheduledRequest], last: torch.Tensor | None = None
+) -> torch.Tensor:
     """logits [R, V] float32, one row per request (each with `logits_inputs`): changed in
-    place and returned."""
+    place and returned. `last` [R]: each row's token of the step in flight, for a history
+    that ends in its placeholder (--async-scheduling). On CUDA, or with `last`, the penalties
+    count on the device (token_counts.py), with nothing read back."""
     inputs = [_inputs(r) for r in reqs]
     params = [r.params for r in reqs]
+    dense = logits.is_cuda or last is not None
     if any(p.repetition_penalty != 1 for p in params):
-        repetition_penalty(logits, [p.repetition_penalty for p in params], inputs)
+        repetition_penalty(logits, [p.repetition_penalty for p in params], inputs, dense, last)
     if any(p.frequency_penalty != 0 or p.presence_penalty != 0 for p in params):
         frequency_presence(
             logits,
             [p.frequency_penalty for p in params],
             [p.presence_penalty for p in params],
             [i.output_token_ids for i in inputs],
+            dense,
+            last,
         )
     if any(p.logit_bias for p in params):
         add_logit_bias(logits, [p.logit_bias for p in params])
@@ -53,12 +61,21 @@ def _inputs(req: ScheduledRequest) -> LogitsInputs:
 
 
 def repetition_penalty(
-    logits: torch.Tensor, penalties: list[float], inputs: list[LogitsInputs]
+    logits: torch.Tensor,
+    penalties: list[float],
+    inputs: list[LogitsInputs],
+    dense: bool = False,
+    last: torch.Tensor | None = None,
 ) -> None:
     """Each distinct token t of prompt + output: l_t / r where l_t > 0, else l_t * r."""
     ids = [i.prompt_token_ids + i.output_token_ids if r != 1 else [] for r, i in zip(
         penalties, inputs, strict=True
     )]  # fmt: skip
+    if dense:
+        seen = token_counts(ids, logits.shape[1], logits.device, last) > 0  # [R, V]
+        r = to_device(penalties, logits.device, logits.dtype)[:, None]  # [R, 1]
+        logits.copy_(torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits))
+        return
     rows, toks, _ = distinct_pairs(ids, logits.shape[1], logits.device)
     if rows.numel() == 0:
         return
@@ -72,10 +89,18 @@ def frequency_presence(
     frequency: list[float],
     presence: list[float],
     outputs: list[list[int]],
+    dense: bool = False,
+    last: torch.Tensor | None = None,
 ) -> None:
     """Each token t generated c_t > 0 times so far: l_t - c_t * frequency - presence."""
     used = [f != 0 or p != 0 for f, p in zip(frequency, presence, strict=True)]
     ids = [out if u else [] for out, u in zip(outputs, used, strict=True)]
+    if dense:  # the same sums: c_t * f + p where c_t > 0, 0 elsewhere
+        c = token_counts(ids, logits.shape[1], logits.device, last)  # [R, V]
+        f = to_device(frequency, logits.device, logits.dtype)[:, None]  # [R, 1]
+        p = to_device(presence, logits.device, logits.dtype)[:, None]
+        logits.sub_(c * f + (c > 0).to(logits.dtype) * p)
+        return
     rows, toks, counts = distinct_pairs(ids, logits.shape[1], logits.device)
     if rows.numel() == 0:
         return

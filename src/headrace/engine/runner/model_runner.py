@@ -135,6 +135,7 @@ class ModelRunner:
             model.args, self.num_kv_blocks, self.block_size, self.dtype, self.device, graphs
         )
         self.sampler = Sampler()
+        self.sampler.in_flight = self.last_tokens.tokens_of  # a penalty's placeholder
         self.loras = LoraManager(model)  # adapters, loaded by name (--lora, admin routes)
         self._finish_setup(model_dir, deterministic)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -30,7 +30,7 @@ from headrace.engine.runner.top_p_fixed import top_p_cut
 from headrace.kernels import sample_draw
 from headrace.kernels.argmax import argmax_rows
 from headrace.kernels.host_copy import to_device
-from headrace.request import GREEDY_BELOW_TEMPERATURE
+from headrace.request import GREEDY_BELOW_TEMPERATURE, PENDING_TOKEN
 
 
 def seeded_uniform(seed: int, step: int) -> float:
@@ -42,6 +42,9 @@ def seeded_uniform(seed: int, step: int) -> float:
 class Sampler:
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)  # for requests without a seed
+        # The tokens of a launched step not yet read, on the device, by request (None: 0):
+        # where a penalty's history ends in a placeholder (the runner's LastTokens.tokens_of)
+        self.in_flight: Callable[[Sequence[str | None]], torch.Tensor] | None = None
 
     def __call__(
         self, logits: torch.Tensor, requests: Sequence[ScheduledRequest]
@@ -66,9 +69,19 @@ class Sampler:
             own = logits.float() if every else logits.index_select(0, rows).float()
             if own is logits:  # already float32: the raw logits stay for the logprobs
                 own = own.clone()
-            x = apply_processors(own, subset)  # [P, V] float32
+            x = apply_processors(own, subset, self._placeholders(subset))  # [P, V] float32
             tokens[rows] = self.choose(x, subset)
         return tokens
+
+    def _placeholders(self, reqs: Sequence[ScheduledRequest]) -> torch.Tensor | None:
+        """[P] each row's token of the step in flight where its history ends in its
+        placeholder (--async-scheduling), else None."""
+        ends = [r.request_id if _ends_pending(r) else None for r in reqs]
+        if not any(ends):
+            return None
+        if self.in_flight is None:
+            raise ValueError(f"request {next(filter(None, ends))}: a pending token in its history")
+        return self.in_flight(ends)
 
     def draw_after_drafts(
         self, logits: torch.Tensor, owners: Sequence[ScheduledRequest], ahead: Sequence[int]
@@ -129,6 +142,11 @@ class Sampler:
             return self._rng.random()
         step = req.params.seed_offset + req.num_output_tokens + ahead
         return seeded_uniform(req.params.seed, step)
+
+
+def _ends_pending(req: ScheduledRequest) -> bool:
+    inputs = req.logits_inputs
+    return inputs is not None and inputs.output_token_ids[-1:] == [PENDING_TOKEN]
 
 
 def _cut(logits: torch.Tensor, reqs: list[ScheduledRequest], temps: list[float]) -> torch.Tensor:
