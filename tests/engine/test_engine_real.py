@@ -249,9 +249,9 @@ def test_overlapped_steps_equal_their_solo_runs(runner):
 
 
 def test_overlapped_steps_mixed_with_penalties_and_logprobs_equal_their_solo_runs(runner):
-    """Rows with penalties (their history's last token taken on the device from the step in
-    flight) and logprobs overlap with plain ones, and a bad_words row puts its steps in
-    series: every request still equals its solo run."""
+    """Rows with penalties and bad words (their history's last token taken on the device
+    from the step in flight) and logprobs overlap with plain ones: every request still
+    equals its solo run."""
     greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     mixed = [
         EngineCoreRequest(f"m{i}", [3 + i, 9, 4 + 2 * i, 7] * (i + 1), params)

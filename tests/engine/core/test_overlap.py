@@ -250,7 +250,7 @@ def test_which_steps_overlap_row_by_row():
     assert steps(row(min_tokens=2, inputs=True))  # ... until then its bans run on the device
     assert steps(row(logit_bias=((3, 1.0),), inputs=True))  # so does a bias
     assert steps(row(presence_penalty=0.5, inputs=True))  # counted on the device
-    assert not steps(row(bad_words=((4, 5),), inputs=True))  # matched on the host
+    assert steps(row(bad_words=((4, 5),), inputs=True))  # its last token's ban on the device
     assert steps(row(logprobs=1)) and not steps(row(grammar='start: "a"'))
     assert steps(row(sample=False, logprobs=1, presence_penalty=0.5))  # a prompt chunk
     assert not steps(row(drafts=(4,)))

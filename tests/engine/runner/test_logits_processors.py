@@ -13,7 +13,7 @@ from headrace.engine.logits_inputs import logits_inputs
 from headrace.engine.outputs import LogitsInputs, ScheduledRequest
 from headrace.engine.runner.logits_processors import apply_processors, bad_word_bans
 from headrace.engine.runner.sampler import Sampler
-from headrace.request import Request, SamplingParams
+from headrace.request import PENDING_TOKEN, Request, SamplingParams
 
 VOCAB = 64
 EOS = 3
@@ -161,3 +161,21 @@ def test_out_of_vocabulary_ids_are_skipped() -> None:
     p = SamplingParams(logit_bias=((VOCAB + 5, 100.0),), bad_words=((VOCAB,),))
     got = apply_processors(raw.clone(), [scheduled("o", p, [], [VOCAB + 1])])
     torch.testing.assert_close(got, raw)
+
+
+@pytest.mark.parametrize("flying", [40, 11, 12, 7])
+def test_bad_words_after_a_placeholder_ban_as_after_its_token(flying: int) -> None:
+    """A history whose last token is still in flight (--async-scheduling): each bad word whose
+    other tokens end the output with that token is banned on the device, as with the token
+    known; words ending the known part but not that token are not."""
+    words = ((13,), (12, 11, 40, 2), (11, 40, 4), (40, 17), (11, 9), (5, 18), (12, 11, 19))
+    params = SamplingParams(bad_words=words, presence_penalty=0.5)
+    raw = raw_logits(2, seed=8)
+    known = [scheduled("k", params, PROMPT, [*OUTPUT[:4], 11, flying])]
+    pending = [scheduled("p", params, PROMPT, [*OUTPUT[:4], 11, PENDING_TOKEN])]
+    want = apply_processors(raw[:1].clone(), known)
+    got = apply_processors(raw[:1].clone(), pending, torch.tensor([flying]))
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="pending token"):
+        apply_processors(raw[:1].clone(), [scheduled("q", SamplingParams(bad_words=words),
+                                                     PROMPT, [11, PENDING_TOKEN])])  # fmt: skip

@@ -12,13 +12,13 @@ fills each placeholder in N+1's inputs on the device from N's sampled ids.
 
 Only a step whose tokens the host need not read before the next is scheduled overlaps
 (`Scheduler.may_overlap`): no drafts (their acceptance decides the next tokens), no sampled
-row with a grammar or bad_words (matched on the host; penalties count their history on the
-device, logit_bias, min_tokens and logprobs need none), and no speculation due
-next (few running requests: drafts are found in the tokens before them). Any other step runs
-in series, as does the step after it. What changes for a request: a stop token found at N
-leaves one wasted row in N+1 (its output dropped); an abort or deadline ends it a step later
-at most. The tokens do not change: a seeded draw depends on
-the output index, which moves on the same way (tests/engine/core/test_overlap.py).
+row with a grammar (its matcher reads each token; penalties and bad words take the history's
+last token on the device, logit_bias, min_tokens and logprobs need none), and no speculation
+due next (few running requests: drafts are found in the tokens before them). Any other step
+runs in series, as does the step after it. What changes for a request: a stop token found at
+N leaves one wasted row in N+1 (its output dropped); an abort or deadline ends it a step
+later at most. The tokens do not change: a seeded draw depends on the output index, which
+moves on the same way (tests/engine/core/test_overlap.py).
 """
 
 from __future__ import annotations

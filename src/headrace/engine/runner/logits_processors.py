@@ -18,6 +18,7 @@ import torch
 from headrace.engine.outputs import LogitsInputs, ScheduledRequest
 from headrace.engine.runner.token_counts import token_counts
 from headrace.kernels.host_copy import to_device
+from headrace.request import PENDING_TOKEN
 
 Pairs = tuple[torch.Tensor, torch.Tensor]  # rows [P], tokens [P] (int64)
 
@@ -45,12 +46,20 @@ def apply_processors(
         )
     if any(p.logit_bias for p in params):
         add_logit_bias(logits, [p.logit_bias for p in params])
-    banned = [
-        list(i.banned_token_ids) + bad_word_bans(i.output_token_ids, p.bad_words)
-        for i, p in zip(inputs, params, strict=True)
-    ]
+    banned, if_last = [], []  # if_last: (row, token, the in-flight token that bans it)
+    for row, (i, p) in enumerate(zip(inputs, params, strict=True)):
+        sure = list(i.banned_token_ids)
+        if p.bad_words and i.output_token_ids[-1:] == [PENDING_TOKEN]:
+            words, pending = bans_after_pending(i.output_token_ids, p.bad_words)
+            sure += words
+            if_last += [(row, t, need) for t, need in pending]
+        elif p.bad_words:
+            sure += bad_word_bans(i.output_token_ids, p.bad_words)
+        banned.append(sure)
     if any(banned):
         ban(logits, banned)
+    if if_last:
+        ban_if_last(logits, if_last, last)
     return logits
 
 
@@ -131,6 +140,39 @@ def ban(logits: torch.Tensor, banned: list[list[int]]) -> None:
     rows, toks = zip(*entries, strict=True)
     index = _long(rows, logits.device), _long(toks, logits.device)
     logits.index_put_(index, logits.new_full((), float("-inf")))  # a fill, not a copy
+
+
+def ban_if_last(
+    logits: torch.Tensor, entries: list[tuple[int, int, int]], last: torch.Tensor | None
+) -> None:
+    """l_t = -inf for each (row, t, need) whose row's token in flight (`last` [R], on the
+    device) is `need`: a bad word whose next-to-last token is that token."""
+    entries = [e for e in entries if e[1] < logits.shape[1]]
+    if not entries:
+        return
+    if last is None:
+        raise ValueError("a bad word waits on a pending token, and no step in flight holds it")
+    rows, toks, need = (_long(column, logits.device) for column in zip(*entries, strict=True))
+    hit = last.index_select(0, rows) == need  # [P]
+    # additive, so that a token two words ban under different conditions keeps either ban
+    add = torch.where(hit, float("-inf"), 0.0).to(logits.dtype)
+    logits.index_put_((rows, toks), add, accumulate=True)
+
+
+def bans_after_pending(
+    output: list[int], words: tuple[tuple[int, ...], ...]
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """For an output whose last token is still a placeholder (--async-scheduling): the bans
+    sure whatever it is (one-token words), and (token, need) pairs, banned if it is `need`
+    (the word's other tokens before it end the known output)."""
+    sure, pending = [], []
+    for word in words:
+        n = len(word) - 1
+        if n == 0:
+            sure.append(word[-1])
+        elif n <= len(output) and tuple(output[len(output) - n : -1]) == word[:-2]:
+            pending.append((word[-1], word[-2]))
+    return sure, pending
 
 
 def bad_word_bans(output: list[int], words: tuple[tuple[int, ...], ...]) -> list[int]:
