@@ -6,10 +6,10 @@ ScheduledRequest has `logits_inputs`) get their rows copied to float32 and proce
 
 A draw is inverse-CDF sampling with one uniform number per request, over the request's whole
 row or its top_p set, in vocabulary order: on the CPU in C (kernels/sample_draw.c), elsewhere
-with torch (top_p.py's set, then `_inverse_cdf`; on CUDA top_p_fixed.py's cut of the whole row,
-which reads nothing back). For a seeded request that
-number is a hash of (seed, num_output_tokens), so the same request gives the same tokens whatever
-else shares its batch, and again after preemption and recompute.
+with torch (top_p.py's set, then `_inverse_cdf`; on CUDA top_p_fixed.py's cut of the whole
+row, which reads nothing back). For a seeded request that number is a hash of (seed,
+num_output_tokens), so the same request gives the same tokens whatever else shares its batch,
+and again after preemption and recompute.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ def seeded_uniform(seed: int, step: int) -> float:
 class Sampler:
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)  # for requests without a seed
-        # The tokens of a launched step not yet read, on the device, by request (None: 0):
-        # where a penalty's history ends in a placeholder (the runner's LastTokens.tokens_of)
+        # The tokens of a launched step not yet read, on the device, by request (None: 0),
+        # where a processor's history (penalties, bad words) ends in a placeholder: the
+        # runner's LastTokens.tokens_of
         self.in_flight: Callable[[Sequence[str | None]], torch.Tensor] | None = None
 
     def __call__(
