@@ -150,8 +150,8 @@ class SchedulerConfig:
     async_scheduling: bool = setting(
         False,
         "schedule and launch each step before the last one's tokens are read, so the host's "
-        "work runs while the device computes (steps with drafts, logprobs, grammars or logits "
-        "processors run in series; docs/engine.md)",
+        "work runs while the device computes (steps with drafts or grammars run in series; "
+        "docs/engine.md)",
     )
     background_priority: int = setting(
         2, "requests this urgent or less (the batch tier's) sit out each step that computes a "
