@@ -196,9 +196,14 @@ def test_with_tokens_fills_each_placeholder_and_leaves_the_rest():
     a = ScheduledRequest("a", [PENDING_TOKEN], 5, [0, 1], True, params, 1)
     b = ScheduledRequest("b", [7, 8], 0, [2], True, params, 0)
     c = ScheduledRequest("c", [PENDING_TOKEN], 3, [3], True, params, 1)  # it got no token
-    out = with_tokens(SchedulerOutput([a, b, c], ["x"]), {"a": 42})
-    assert [s.token_ids for s in out.scheduled] == [[42], [7, 8], [0]]
+    penalized = SamplingParams(max_tokens=4, presence_penalty=1.0)
+    history = LogitsInputs([3, 9, PENDING_TOKEN], [], ())  # a penalty's, its last in flight
+    d = ScheduledRequest("d", [PENDING_TOKEN], 6, [4], True, penalized, 3, history)
+    out = with_tokens(SchedulerOutput([a, b, c, d], ["x"]), {"a": 42, "d": 5})
+    assert [s.token_ids for s in out.scheduled] == [[42], [7, 8], [0], [5]]
     assert out.finished_ids == ["x"] and out.scheduled[1] is b
+    # the step run again in series: its processors read the token, not the placeholder
+    assert out.scheduled[3].logits_inputs == LogitsInputs([3, 9, 5], [], ())
 
 
 def test_an_id_reused_while_its_old_step_is_in_flight_gets_only_its_own_tokens():

@@ -55,12 +55,18 @@ class InFlight:
 
 def with_tokens(out: SchedulerOutput, sampled: dict[str, int]) -> SchedulerOutput:
     """`out` with each placeholder replaced by the token the step before sampled (0 for a
-    request that got none: it has ended, and its row's output is dropped)."""
+    request that got none: it has ended, and its row's output is dropped): in its input, and
+    at the end of the history its logits processors read (penalties, bad words)."""
 
     def filled(s: ScheduledRequest) -> ScheduledRequest:
+        token = sampled.get(s.request_id, 0)
+        inputs = s.logits_inputs
+        if inputs is not None and inputs.output_token_ids[-1:] == [PENDING_TOKEN]:
+            history = [*inputs.output_token_ids[:-1], token]
+            inputs = msgspec.structs.replace(inputs, output_token_ids=history)
+            s = msgspec.structs.replace(s, logits_inputs=inputs)
         if s.token_ids[-1] != PENDING_TOKEN:
             return s
-        token = sampled.get(s.request_id, 0)
         return msgspec.structs.replace(s, token_ids=[*s.token_ids[:-1], token])
 
     return msgspec.structs.replace(out, scheduled=[filled(s) for s in out.scheduled])
