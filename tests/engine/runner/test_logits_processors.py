@@ -176,6 +176,9 @@ def test_bad_words_after_a_placeholder_ban_as_after_its_token(flying: int) -> No
     want = apply_processors(raw[:1].clone(), known)
     got = apply_processors(raw[:1].clone(), pending, torch.tensor([flying]))
     assert torch.equal(got, want)
+    raw[0, 17] = float("inf")  # an overflowed logit a word bans: -inf, not NaN
+    both = apply_processors(raw[:1].clone(), pending, torch.tensor([40]))[0, 17]
+    assert both == float("-inf")
     with pytest.raises(ValueError, match="pending token"):
         apply_processors(raw[:1].clone(), [scheduled("q", SamplingParams(bad_words=words),
                                                      PROMPT, [11, PENDING_TOKEN])])  # fmt: skip

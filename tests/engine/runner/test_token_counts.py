@@ -15,7 +15,7 @@ from factories import DEVICES
 from headrace.engine.runner.launched import LastTokens
 from headrace.engine.runner.logits_processors import apply_processors
 from headrace.engine.runner.sampler import Sampler
-from headrace.engine.runner.token_counts import token_counts
+from headrace.engine.runner.token_counts import ROWS_AT_ONCE, token_counts
 from headrace.request import PENDING_TOKEN, SamplingParams
 
 
@@ -31,11 +31,13 @@ def test_counts_are_each_rows_and_skip_ids_outside_the_vocabulary(device: str) -
     assert int(token_counts(ids[:2], VOCAB, torch.device(device))[0, 5]) == 3
 
 
-def test_the_device_counts_give_the_sparse_ways_logits_to_the_bit() -> None:
-    """One batch of every case, each with its own history: `last` (no placeholder in any
-    history) takes the dense way on the CPU too."""
-    raw = torch.randn(len(CASES), VOCAB, generator=torch.Generator().manual_seed(4)) * 3
-    reqs = [scheduled(str(i), p, PROMPT, OUTPUT[: 2 + i % 5]) for i, p in enumerate(CASES)]
+def test_the_device_counts_give_the_sparse_ways_logits() -> None:
+    """Every case, each with its own history, in a batch past ROWS_AT_ONCE rows (counted a
+    block of rows at a time): `last` (no placeholder in any history) takes the dense way on
+    the CPU too. Equal to the sign of a zero, which neither a pick nor a draw tells apart."""
+    n = 2 * ROWS_AT_ONCE + 3
+    raw = torch.randn(n, VOCAB, generator=torch.Generator().manual_seed(4)) * 3
+    reqs = [scheduled(str(i), CASES[i % len(CASES)], PROMPT, OUTPUT[: 2 + i % 5]) for i in range(n)]
     sparse = apply_processors(raw.clone(), reqs)
     dense = apply_processors(raw.clone(), reqs, torch.zeros(len(reqs), dtype=torch.int64))
     assert torch.equal(sparse, dense)

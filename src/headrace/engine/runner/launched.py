@@ -85,7 +85,8 @@ class LastTokens:
 
     def tokens_of(self, ids: Sequence[str | None]) -> torch.Tensor:
         """[len(ids)] on the device: each named request's token in the last launched step
-        (0 for None), for a history that ends in its placeholder (a penalty's counts)."""
+        (for None, any one of them: it is not read), for a history that ends in its
+        placeholder (penalties, bad words)."""
         missing = [rid for rid in ids if rid is not None and rid not in self.rows]
         if self.tokens is None or missing:
             name = missing[0] if missing else next(filter(None, ids), None)

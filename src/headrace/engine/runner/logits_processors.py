@@ -16,7 +16,10 @@ from itertools import chain
 import torch
 
 from headrace.engine.outputs import LogitsInputs, ScheduledRequest
-from headrace.engine.runner.token_counts import token_counts
+from headrace.engine.runner.token_counts import (
+    frequency_presence_on_device,
+    repetition_on_device,
+)
 from headrace.kernels.host_copy import to_device
 from headrace.request import PENDING_TOKEN
 
@@ -81,9 +84,7 @@ def repetition_penalty(
         penalties, inputs, strict=True
     )]  # fmt: skip
     if dense:
-        seen = token_counts(ids, logits.shape[1], logits.device, last) > 0  # [R, V]
-        r = to_device(penalties, logits.device, logits.dtype)[:, None]  # [R, 1]
-        logits.copy_(torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits))
+        repetition_on_device(logits, penalties, ids, last)
         return
     rows, toks, _ = distinct_pairs(ids, logits.shape[1], logits.device)
     if rows.numel() == 0:
@@ -105,10 +106,7 @@ def frequency_presence(
     used = [f != 0 or p != 0 for f, p in zip(frequency, presence, strict=True)]
     ids = [out if u else [] for out, u in zip(outputs, used, strict=True)]
     if dense:  # the same sums: c_t * f + p where c_t > 0, 0 elsewhere
-        c = token_counts(ids, logits.shape[1], logits.device, last)  # [R, V]
-        f = to_device(frequency, logits.device, logits.dtype)[:, None]  # [R, 1]
-        p = to_device(presence, logits.device, logits.dtype)[:, None]
-        logits.sub_(c * f + (c > 0).to(logits.dtype) * p)
+        frequency_presence_on_device(logits, frequency, presence, ids, last)
         return
     rows, toks, counts = distinct_pairs(ids, logits.shape[1], logits.device)
     if rows.numel() == 0:
@@ -154,9 +152,11 @@ def ban_if_last(
         raise ValueError("a bad word waits on a pending token, and no step in flight holds it")
     rows, toks, need = (_long(column, logits.device) for column in zip(*entries, strict=True))
     hit = last.index_select(0, rows) == need  # [P]
-    # additive, so that a token two words ban under different conditions keeps either ban
-    add = torch.where(hit, float("-inf"), 0.0).to(logits.dtype)
-    logits.index_put_((rows, toks), add, accumulate=True)
+    # a minimum, so that a token two words ban under different conditions keeps either ban
+    # (in any order), and a +inf logit banned is -inf, not NaN
+    cap = torch.where(hit, float("-inf"), float("inf")).to(logits.dtype)
+    flat = logits.view(-1)  # the processors' own contiguous copy
+    flat.scatter_reduce_(0, rows * logits.shape[1] + toks, cap, "amin")
 
 
 def bans_after_pending(

@@ -218,9 +218,10 @@ class ModelRunner:
                 ids = [r.request_id for r in inputs.sampled]
                 logits = self.model.compute_logits(rows)
                 tokens = self.sampler.pick(logits, inputs.sampled)
-                self.last_tokens.keep(ids, tokens)
                 table = logprob_table(logits, inputs.sampled, tokens)
-                return Launched.on_device(ids, tokens, table)
+                launched = Launched.on_device(ids, tokens, table)
+                self.last_tokens.keep(ids, tokens)  # last: a launch that fails keeps none
+                return launched
             picked = pick_tokens(
                 rows, inputs.sampled, self.greedy_head, self.model.compute_logits, self.sampler,
                 self.grammars, self.screened_sampler,
