@@ -182,13 +182,6 @@ class SamplingParams:
             or bool(self.bad_words)
         )
 
-    @functools.cached_property  # asked of every sampled row of a step (--async-scheduling)
-    def picks_on_host(self) -> bool:
-        """Whether the host makes or reads this request's picks whatever the step: a grammar
-        (its matcher reads each token before the next mask; logits processors are the step's
-        own: its `logits_inputs`; logprobs travel with the tokens: runner/logprobs.py)."""
-        return self.grammar is not None
-
     @property
     def uses_output_history(self) -> bool:
         """The processors read the tokens generated so far."""

@@ -51,19 +51,24 @@ def apply_processors(
         add_logit_bias(logits, [p.logit_bias for p in params])
     banned, if_last = [], []  # if_last: (row, token, the in-flight token that bans it)
     for row, (i, p) in enumerate(zip(inputs, params, strict=True)):
-        sure = list(i.banned_token_ids)
-        if p.bad_words and i.output_token_ids[-1:] == [PENDING_TOKEN]:
-            words, pending = bans_after_pending(i.output_token_ids, p.bad_words)
-            sure += words
-            if_last += [(row, t, need) for t, need in pending]
-        elif p.bad_words:
-            sure += bad_word_bans(i.output_token_ids, p.bad_words)
-        banned.append(sure)
+        words, pending = _word_bans(i.output_token_ids, p.bad_words)
+        banned.append([*i.banned_token_ids, *words])
+        if_last += [(row, t, need) for t, need in pending]
     if any(banned):
         ban(logits, banned)
     if if_last:
         ban_if_last(logits, if_last, last)
     return logits
+
+
+def _word_bans(
+    output: list[int], words: tuple[tuple[int, ...], ...]
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """The bad words' bans: sure ones, and (token, need) pairs where the output's last token
+    is still in flight (a placeholder)."""
+    if words and output[-1:] == [PENDING_TOKEN]:
+        return bans_after_pending(output, words)
+    return bad_word_bans(output, words) if words else [], []
 
 
 def _inputs(req: ScheduledRequest) -> LogitsInputs:

@@ -10,7 +10,7 @@ from headrace.engine.outputs import SchedulerOutput
 
 _DRAFTS = attrgetter("draft_token_ids")
 _PARAMS, _SAMPLE = attrgetter("params"), attrgetter("sample")
-_ON_HOST = attrgetter("picks_on_host")
+_GRAMMAR = attrgetter("grammar")  # never "" (validated): set is truthy
 
 
 def overlappable(out: SchedulerOutput) -> bool:
@@ -24,4 +24,4 @@ def overlappable(out: SchedulerOutput) -> bool:
     if not rows or any(map(_DRAFTS, rows)):
         return False
     sampled = compress(map(_PARAMS, rows), map(_SAMPLE, rows))
-    return not any(map(_ON_HOST, sampled))
+    return not any(map(_GRAMMAR, sampled))
